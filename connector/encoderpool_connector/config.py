@@ -1,0 +1,117 @@
+"""``ConnectorConfig``: what the operator renders into ``ec_connector_extra_config``.
+
+One model, imported by the operator (to render) and by the connector (to
+parse at vLLM start-up), so the two cannot drift. Producer and consumer of a
+pool get the identical config; only ``ec_role`` differs between them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Modality names as vLLM spells them; they are map keys, never paths.
+_MODALITY = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SharedVolumeSettings(_Frozen):
+    """A filesystem every producer and consumer of the pool mounts (RWX PVC)."""
+
+    root: str = Field(description="Absolute directory inside the pod that holds the cache.")
+    capacity_bytes: Annotated[int, Field(ge=1 << 20, le=1 << 50)] = Field(
+        description="Upper bound on the bytes the cache keeps; older entries are evicted."
+    )
+    eviction: Literal["lru", "fifo"] = Field(
+        default="lru",
+        description="lru evicts the least recently loaded entry; fifo the oldest written.",
+    )
+    writer_queue: Annotated[int, Field(ge=1, le=4096)] = Field(
+        default=64,
+        description="Saves queued off the encoder's path before the next save waits.",
+    )
+
+    @field_validator("root")
+    @classmethod
+    def _absolute_clean(cls, v: str) -> str:
+        p = PurePosixPath(v)
+        if not p.is_absolute() or ".." in p.parts or str(p) != v.rstrip("/") or v == "/":
+            raise ValueError(f"root must be a clean absolute directory other than '/', got {v!r}")
+        return v.rstrip("/")
+
+
+class RdmaSettings(_Frozen):
+    """NIXL over UCX: producers keep embeddings in registered host memory; consumers READ."""
+
+    side_channel_port: Annotated[int, Field(ge=1024, le=65535)] = Field(
+        default=5600, description="TCP port of the producer's metadata side channel."
+    )
+    buffer_bytes: Annotated[int, Field(ge=1 << 20, le=1 << 40)] = Field(
+        default=1 << 30, description="Registered host memory per producer for embeddings."
+    )
+    backends: tuple[Literal["UCX"], ...] = Field(
+        default=("UCX",), description="NIXL backends, in order of preference."
+    )
+
+
+class ConnectorConfig(_Frozen):
+    """The parsed ``ec_connector_extra_config`` of an encoderpool connector."""
+
+    version: Literal[1] = Field(default=1, description="Format version.")
+    transport: Literal["sharedVolume", "rdma"] = Field(
+        description="How embeddings travel from producers to consumers."
+    )
+    model_fingerprint: str = Field(
+        pattern=r"^[0-9a-f]{16}$",
+        description="Fingerprint of the model as served (see report.ModelIdentity); "
+        "entries written under another fingerprint are never loaded.",
+    )
+    encoder_output_widths: dict[str, Annotated[int, Field(ge=1, le=1 << 20)]] = Field(
+        default_factory=dict,
+        description="Measured encoder output width per modality (from the WidthReport).",
+    )
+    shared_volume: SharedVolumeSettings | None = Field(
+        default=None, description="Settings of the sharedVolume transport."
+    )
+    rdma: RdmaSettings | None = Field(default=None, description="Settings of the rdma transport.")
+
+    @field_validator("encoder_output_widths")
+    @classmethod
+    def _modalities(cls, v: dict[str, int]) -> dict[str, int]:
+        for name in v:
+            if not _MODALITY.match(name):
+                raise ValueError(f"modality name {name!r} must match {_MODALITY.pattern}")
+        return v
+
+    @model_validator(mode="after")
+    def _transport_settings(self) -> ConnectorConfig:
+        want = {"sharedVolume": "shared_volume", "rdma": "rdma"}[self.transport]
+        if getattr(self, want) is None:
+            raise ValueError(f"transport {self.transport!r} needs the {want!r} section")
+        other = "rdma" if want == "shared_volume" else "shared_volume"
+        if getattr(self, other) is not None:
+            raise ValueError(f"transport {self.transport!r} does not use {other!r}; remove it")
+        return self
+
+    def to_extra_config(self) -> dict[str, Any]:
+        """The JSON-ready dict that goes into ``ec_connector_extra_config``."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> ConnectorConfig:
+        """Parse vLLM's ``ec_connector_extra_config``; the error names each bad key."""
+        try:
+            return cls.model_validate(extra or {})
+        except ValidationError as e:
+            problems = "; ".join(
+                f"ec_connector_extra_config.{'.'.join(str(p) for p in err['loc']) or '<root>'}: "
+                f"{err['msg']}"
+                for err in e.errors()
+            )
+            raise ValueError(f"invalid encoderpool connector config: {problems}") from None

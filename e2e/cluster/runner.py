@@ -1,0 +1,297 @@
+"""Start and stop the local control plane; see the package docstring."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# The stock kwok stages we use (from the kwok module), plus our own pod-exit.
+KWOK_STAGES = [
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-delete.yaml",
+]
+COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
+
+
+def bin_dir() -> Path:
+    """The built binaries: $ENCODERPOOL_BIN, else what build.sh prints (building if needed)."""
+    if env := os.environ.get("ENCODERPOOL_BIN"):
+        return Path(env)
+    out = subprocess.run(
+        [str(HERE / "build.sh")], check=True, capture_output=True, text=True
+    ).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(d: Path) -> None:
+    """CA, apiserver serving cert for 127.0.0.1, admin client cert, SA signing key."""
+    d.mkdir(parents=True, exist_ok=True)
+    if (d / "done").exists():
+        return
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+             "ca.crt", "-days", "3650", "-subj", "/CN=encoderpool-test-ca", cwd=d)  # fmt: skip
+    san = (
+        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+        "DNS:kubernetes.default.svc.cluster.local\n"
+        "extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+    )
+    client = "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+    (d / "server.ext").write_text(san)
+    (d / "client.ext").write_text(client)
+    for name, subj, ext in [
+        ("apiserver", "/CN=kube-apiserver", "server.ext"),
+        ("admin", "/O=system:masters/CN=admin", "client.ext"),
+    ]:
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+                 "-out", f"{name}.csr", "-subj", subj, cwd=d)  # fmt: skip
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-days", "3650", "-out", f"{name}.crt",
+                 "-extfile", ext, cwd=d)  # fmt: skip
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
+    for key in d.glob("*.key"):
+        key.chmod(0o600)
+    (d / "done").touch()
+
+
+def write_kubeconfig(path: Path, pki: Path, port: int) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "local",
+                "cluster": {
+                    "server": f"https://127.0.0.1:{port}",
+                    "certificate-authority": str(pki / "ca.crt"),
+                },
+            }
+        ],
+        "users": [
+            {
+                "name": "admin",
+                "user": {
+                    "client-certificate": str(pki / "admin.crt"),
+                    "client-key": str(pki / "admin.key"),
+                },
+            }
+        ],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+        "current-context": "local",
+    }
+    path.write_text(json.dumps(config, indent=1))  # JSON is YAML: kubectl and clients read it
+    path.chmod(0o600)
+
+
+@dataclass
+class LocalCluster:
+    """One control plane under ``state``; every process is ours, stopped by PID."""
+
+    state: Path
+    bins: Path = field(default_factory=bin_dir)
+    nodes: int = 2
+    port: int = field(default_factory=_free_port)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "admin.kubeconfig"
+
+    @property
+    def pki(self) -> Path:
+        return self.state / "pki"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def _run(self, name: str, *args: str) -> None:
+        log = (self.state / f"{name}.log").open("ab")
+        self.procs[name] = subprocess.Popen(
+            [str(self.bins / name if name != "etcd" else self.bins / "etcd"), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        (self.state / f"{name}.pid").write_text(str(self.procs[name].pid))
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        """Run the built kubectl against this cluster as admin; returns stdout."""
+        res = subprocess.run(
+            [str(self.bins / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check and res.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {res.stderr.strip()}")
+        return res.stdout
+
+    def start(self, timeout: float = 120.0) -> LocalCluster:
+        self.state.mkdir(parents=True, exist_ok=True)
+        make_pki(self.pki)
+        write_kubeconfig(self.kubeconfig, self.pki, self.port)
+        etcd_port, peer_port = _free_port(), _free_port()
+        p = self.pki
+        self._run(
+            "etcd",
+            "--data-dir", str(self.state / "etcd"), "--unsafe-no-fsync",
+            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
+            "--listen-metrics-urls", f"http://127.0.0.1:{_free_port()}",
+        )  # fmt: skip
+        self._run(
+            "kube-apiserver",
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.port}",
+            f"--tls-cert-file={p}/apiserver.crt", f"--tls-private-key-file={p}/apiserver.key",
+            f"--client-ca-file={p}/ca.crt",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={p}/sa.pub",
+            f"--service-account-signing-key-file={p}/sa.key",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
+            # kwok pods get no token volume; the plugin would also race the
+            # controller that creates each namespace's default ServiceAccount.
+            "--disable-admission-plugins=ServiceAccount",
+            "--enable-priority-and-fairness=false",
+        )  # fmt: skip
+        self._wait("kube-apiserver ready", lambda: self._readyz(), timeout)
+        self._run(
+            "kube-controller-manager",
+            f"--kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1", "--secure-port=0",
+            "--leader-elect=false", f"--service-account-private-key-file={p}/sa.key",
+            f"--root-ca-file={p}/ca.crt", f"--cluster-signing-cert-file={p}/ca.crt",
+            f"--cluster-signing-key-file={p}/ca.key",
+            "--concurrent-gc-syncs=5", "--node-monitor-grace-period=60s",
+        )  # fmt: skip
+        self._run(
+            "kube-scheduler",
+            f"--kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1", "--secure-port=0",
+            "--leader-elect=false",
+        )  # fmt: skip
+        stages = [str(self.bins / "kwok-stages" / s) for s in KWOK_STAGES]
+        stages.append(str(HERE / "stages" / "pod-exit.yaml"))
+        self._run(
+            "kwok",
+            f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=true",
+            "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
+            f"--server-address=127.0.0.1:{_free_port()}",
+            *[f"--config={s}" for s in stages],
+        )  # fmt: skip
+        for i in range(self.nodes):
+            self.kubectl("apply", "-f", "-", input=json.dumps(_node(f"kwok-node-{i}")))
+        self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s")
+        # A namespace's "default" ServiceAccount appears once the controller runs.
+        self._wait(
+            "default ServiceAccount",
+            lambda: self.kubectl("get", "sa", "default", "-n", "default", check=False) != "",
+            timeout,
+        )
+        return self
+
+    def _readyz(self) -> bool:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+        res = subprocess.run(
+            [str(self.bins / "kubectl"), "--kubeconfig", str(self.kubeconfig),
+             "get", "--raw=/readyz"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+        return res.returncode == 0
+
+    def _wait(self, what: str, ok: object, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ok():  # type: ignore[operator]
+                return
+            time.sleep(0.3)
+        raise TimeoutError(
+            f"local cluster: {what} not reached in {timeout:.0f}s; logs in {self.state}"
+        )
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.state / f"{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM each process group we started (reverse order), then SIGKILL."""
+        for name in reversed(COMPONENTS):
+            proc = self.procs.pop(name, None)
+            if proc is None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+            (self.state / f"{name}.pid").unlink(missing_ok=True)
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_from_pidfiles(state: Path) -> None:
+    """Stop a cluster started by another process (``python -m e2e.cluster down``)."""
+    for name in reversed(COMPONENTS):
+        pidfile = state / f"{name}.pid"
+        if not pidfile.exists():
+            continue
+        pid = int(pidfile.read_text())
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        pidfile.unlink()
+
+
+def _node(name: str) -> dict[str, object]:
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"type": "kwok", "kubernetes.io/hostname": name},
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+        "status": {"allocatable": capacity, "capacity": capacity},
+    }

@@ -1,0 +1,98 @@
+"""Deterministic test images and OpenAI request bodies for the tiny model.
+
+Images are small PNGs: 112x112 is 8x8 patches of 14 px, so 16 LM tokens after
+the 2x2 merge. Requests decode greedily and ask for ``token_ids`` so outputs
+compare exactly across servers (logprobs are left out on purpose: the first
+request asking for them triggers a 10-18 s compile on CPU).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import random
+from typing import Any
+
+from PIL import Image, ImageDraw
+
+MODEL = "tiny-qwen2vl"
+
+
+def image(index: int, size: tuple[int, int] = (112, 112)) -> bytes:
+    """PNG bytes of the index-th test image: the same bytes for the same index."""
+    rng = random.Random(index)
+    im = Image.new("RGB", size, tuple(rng.randrange(256) for _ in range(3)))
+    draw = ImageDraw.Draw(im)
+    w, h = size
+    for _ in range(3):
+        x0, y0 = rng.randrange(w - 8), rng.randrange(h - 8)
+        box = (x0, y0, rng.randrange(x0 + 4, w), rng.randrange(y0 + 4, h))
+        fill = tuple(rng.randrange(256) for _ in range(3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=fill)
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def data_url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def image_part(png: bytes, uuid: str | None = None) -> dict[str, Any]:
+    """An OpenAI content part; ``uuid`` sets vLLM's item id (it replaces the mm_hash)."""
+    part: dict[str, Any] = {"type": "image_url", "image_url": {"url": data_url(png)}}
+    if uuid is not None:
+        part["uuid"] = uuid
+    return part
+
+
+def chat_request(
+    *images: bytes,
+    text: str = "Describe this image.",
+    max_tokens: int = 8,
+    stream: bool = False,
+    uuids: list[str | None] | None = None,
+) -> dict[str, Any]:
+    """A greedy chat request with the given images followed by ``text``."""
+    ids = uuids or [None] * len(images)
+    content = [image_part(png, uuid) for png, uuid in zip(images, ids, strict=True)]
+    content.append({"type": "text", "text": text})
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "return_token_ids": True,
+    }
+    if stream:
+        body["stream"] = True
+    return body
+
+
+def encoder_request(part: dict[str, Any], model: str = MODEL) -> dict[str, Any]:
+    """What a router sends a producer for one media item: encode it, decode nothing."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": [part]}],
+        "max_tokens": 1,
+        "stream": False,
+    }
+
+
+def media_parts(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The media items of a chat request, in order."""
+    kinds = {"image_url", "audio_url", "input_audio", "video_url"}
+    return [
+        part
+        for msg in body.get("messages", [])
+        if isinstance(msg.get("content"), list)
+        for part in msg["content"]
+        if part.get("type") in kinds
+    ]
+
+
+def token_ids(response: dict[str, Any]) -> list[int]:
+    """The generated token ids of a non-streaming chat response."""
+    ids = response["choices"][0].get("token_ids")
+    assert ids is not None, f"response carries no token_ids: {response}"
+    return list(ids)

@@ -1,0 +1,205 @@
+"""Start and stop real ``vllm serve`` processes on loopback for tests, demo and benchmarks.
+
+Each server gets a free 127.0.0.1 port, its own log file and environment, runs
+in its own process group (so the API server, engine core and workers stop
+together, by PID), and is ready when ``/health`` answers 200.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from e2e.media import MODEL
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Small enough for two instances on a 2-core, 24 GiB machine.
+BASE_ARGS = [
+    "--dtype", "bfloat16",
+    "--max-model-len", "2048",
+    "--max-num-seqs", "4",
+    "--max-num-batched-tokens", "2048",
+    "--kv-cache-memory-bytes", str(128 * 1024 * 1024),
+    "--enforce-eager",
+]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def base_env(cpu: str | None = None) -> dict[str, str]:
+    """The environment vLLM needs here: offline, CPU platform, our packages importable."""
+    env = dict(os.environ)
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # would override --kv-cache-memory-bytes
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        VLLM_TARGET_DEVICE="cpu",
+        PYTHONUNBUFFERED="1",
+    )
+    paths = [str(REPO / "connector"), str(REPO / "operator"), str(REPO)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    if cpu is not None:
+        # The default binds every instance to core 0; pin each to its own.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu
+    return env
+
+
+def ec_transfer_config(
+    connector: str, role: str, extra: Mapping[str, Any], module: str | None = None
+) -> str:
+    """The ``--ec-transfer-config`` JSON for one role."""
+    cfg: dict[str, Any] = {
+        "ec_connector": connector,
+        "ec_role": role,
+        "ec_connector_extra_config": dict(extra),
+    }
+    if module:
+        cfg["ec_connector_module_path"] = module
+    return json.dumps(cfg)
+
+
+@dataclass
+class VllmServer:
+    """One ``vllm serve`` process (group) on 127.0.0.1."""
+
+    name: str
+    model: Path
+    log_path: Path
+    args: Sequence[str] = ()
+    env: dict[str, str] = field(default_factory=base_env)
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        vllm = Path(sys.executable).parent / "vllm"
+        return [
+            str(vllm), "serve", str(self.model),
+            "--served-model-name", MODEL,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            *BASE_ARGS, *self.args,
+        ]  # fmt: skip
+
+    def start(self) -> VllmServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.command(),
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stop all of it by our PID
+            )
+        return self
+
+    def wait_ready(self, timeout: float = 240.0) -> VllmServer:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None, "start() first"
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM server {self.name} exited with {self.proc.returncode}; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(self.url + "/health", timeout=2) as r,
+            ):
+                if r.status == 200:
+                    return self
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"vLLM server {self.name} not healthy after {timeout:.0f}s; "
+            f"log {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the process group we started, then SIGKILL what is left."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._reap()
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout)
+        self._reap()
+
+    def _reap(self) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers: engine core, workers
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+    def log_tail(self, lines: int = 80) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def post(self, path: str, body: Mapping[str, Any], timeout: float = 300.0) -> Any:
+        return post_json(self.url + path, body, timeout)
+
+    def chat(self, body: Mapping[str, Any], timeout: float = 300.0) -> Any:
+        return self.post("/v1/chat/completions", body, timeout)
+
+
+def post_json(
+    url: str,
+    body: Mapping[str, Any],
+    timeout: float = 300.0,
+    headers: Mapping[str, str] | None = None,
+) -> Any:
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"POST {url} -> {e.code}: {e.read()[:2000]!r}") from e
+
+
+@contextlib.contextmanager
+def running(*servers: VllmServer, timeout: float = 300.0) -> Iterator[tuple[VllmServer, ...]]:
+    """Start servers together (they load in parallel), wait for all, stop all."""
+    try:
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.wait_ready(timeout)
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
