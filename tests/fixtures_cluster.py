@@ -1,0 +1,1 @@
+"""Fixtures for the cluster tests (registered in conftest.pytest_plugins)."""

@@ -1,0 +1,1 @@
+"""Fixtures for the connector tests (registered in conftest.pytest_plugins)."""

@@ -1,0 +1,1 @@
+"""Fixtures for the router tests (registered in conftest.pytest_plugins)."""
