@@ -20,6 +20,8 @@ KWOK_STAGES = [
     "pod/fast/pod-ready.yaml",
     "pod/fast/pod-delete.yaml",
 ]
+# Set on a Running pod to end it; see stages/pod-exit.yaml.
+EXIT_CODE_ANNOTATION = "kwok.encoderpool.io/exit-code"
 COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
 
 
@@ -217,6 +219,13 @@ class LocalCluster:
             timeout,
         )
         return self
+
+    def finish_pod(self, namespace: str, name: str, exit_code: int) -> None:
+        """Play kubelet for a Job's pod: kwok marks it Succeeded (0) or Failed (other)."""
+        self.kubectl(
+            "annotate", "pod", name, "-n", namespace, "--overwrite",
+            f"{EXIT_CODE_ANNOTATION}={exit_code}",
+        )  # fmt: skip
 
     def _readyz(self) -> bool:
         for name, proc in self.procs.items():

@@ -1,0 +1,222 @@
+"""The local control plane behaves like a cluster where the operator's tests need it to."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from e2e.cluster import LocalCluster
+
+pytestmark = pytest.mark.cluster
+
+WIDGET_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "widgets.test.encoderpool.io"},
+    "spec": {
+        "group": "test.encoderpool.io",
+        "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "required": ["size"],
+                                "properties": {
+                                    "size": {"type": "integer", "minimum": 1, "maximum": 10}
+                                },
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def apply(cluster: LocalCluster, obj: Mapping[str, Any], namespace: str | None = None) -> str:
+    args = ["apply", "-f", "-"] + (["-n", namespace] if namespace else [])
+    return cluster.kubectl(*args, input=json.dumps(obj))
+
+
+def get(cluster: LocalCluster, kind: str, name: str, namespace: str) -> Any:
+    return json.loads(cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json"))
+
+
+def wait_for(what: str, ok: object, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok():  # type: ignore[operator]
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_crd_becomes_established_and_its_schema_rejects_bad_objects(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    apply(cluster, WIDGET_CRD)
+    cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.test.encoderpool.io")
+    good = {"apiVersion": "test.encoderpool.io/v1", "kind": "Widget", "metadata": {"name": "ok"}}
+    apply(cluster, {**good, "spec": {"size": 3}}, namespace)
+    with pytest.raises(RuntimeError, match=r"spec\.size.*less than or equal to 10"):
+        apply(cluster, {**good, "metadata": {"name": "big"}, "spec": {"size": 11}}, namespace)
+    with pytest.raises(RuntimeError, match=r"spec\.size: Required value"):
+        apply(cluster, {**good, "metadata": {"name": "none"}, "spec": {}}, namespace)
+
+
+def test_deployment_pods_become_running_and_ready(cluster: LocalCluster, namespace: str) -> None:
+    labels = {"app": "web"}
+    apply(
+        cluster,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "web"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "c", "image": "example.invalid/web:1"}]},
+                },
+            },
+        },
+        namespace,
+    )
+    cluster.kubectl(
+        "wait", "--for=condition=Available", "deployment/web", "-n", namespace, "--timeout=60s"
+    )
+    pods = json.loads(
+        cluster.kubectl("get", "pods", "-n", namespace, "-l", "app=web", "-o", "json")
+    )
+    assert len(pods["items"]) == 2
+    for pod in pods["items"]:
+        assert pod["status"]["phase"] == "Running"
+        assert pod["spec"]["nodeName"].startswith("kwok-node-")  # the scheduler placed it
+        ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+        assert ready["Ready"] == "True"
+
+
+def _job(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "example.invalid/job:1"}],
+                }
+            },
+        },
+    }
+
+
+def _running_pod_of(cluster: LocalCluster, job: str, namespace: str) -> str:
+    names: list[str] = []
+
+    def running() -> bool:
+        out = cluster.kubectl(
+            "get", "pods", "-n", namespace, "-l", f"job-name={job}",
+            "--field-selector=status.phase=Running", "-o", "name",
+        )  # fmt: skip
+        names[:] = out.split()
+        return bool(names)
+
+    wait_for(f"a running pod of job {job}", running)
+    return names[0].removeprefix("pod/")
+
+
+@pytest.mark.parametrize(("exit_code", "condition"), [(0, "Complete"), (3, "Failed")])
+def test_job_ends_as_its_pod_exits(
+    cluster: LocalCluster, namespace: str, exit_code: int, condition: str
+) -> None:
+    apply(cluster, _job("work"), namespace)
+    pod = _running_pod_of(cluster, "work", namespace)
+    # Nothing ends the pod until a test says how it exited.
+    time.sleep(1)
+    assert get(cluster, "pod", pod, namespace)["status"]["phase"] == "Running"
+    cluster.finish_pod(namespace, pod, exit_code)
+    cluster.kubectl(
+        "wait", f"--for=condition={condition}", "job/work", "-n", namespace, "--timeout=60s"
+    )
+
+
+def test_deleting_an_owner_garbage_collects_what_it_owns(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    apply(
+        cluster, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}}, namespace
+    )
+    uid = get(cluster, "configmap", "owner", namespace)["metadata"]["uid"]
+    owned = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "owned",
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid}
+            ],
+        },
+    }
+    apply(cluster, owned, namespace)
+    cluster.kubectl("delete", "configmap", "owner", "-n", namespace)
+
+    def gone() -> bool:
+        out = cluster.kubectl("get", "configmap", "owned", "-n", namespace, check=False)
+        return out == ""
+
+    wait_for("the garbage collector to delete the owned ConfigMap", gone)
+
+
+def test_a_service_account_token_gets_only_what_its_role_allows(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    cluster.kubectl("create", "serviceaccount", "reader", "-n", namespace)
+    cluster.kubectl(
+        "create", "role", "read-configmaps", "-n", namespace,
+        "--verb=get,list", "--resource=configmaps",
+    )  # fmt: skip
+    cluster.kubectl(
+        "create", "rolebinding", "reader", "-n", namespace,
+        "--role=read-configmaps", f"--serviceaccount={namespace}:reader",
+    )  # fmt: skip
+    token = cluster.kubectl("create", "token", "reader", "-n", namespace).strip()
+
+    def as_reader(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                str(cluster.bins / "kubectl"), "--kubeconfig=/dev/null",
+                f"--server={cluster.server}",
+                f"--certificate-authority={cluster.pki / 'ca.crt'}",
+                f"--token={token}", "-n", namespace, *args,
+            ],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    allowed = as_reader("get", "configmaps")
+    assert allowed.returncode == 0, allowed.stderr
+    for refused in (
+        as_reader("create", "configmap", "x"),
+        as_reader("get", "secrets"),
+        as_reader("get", "configmaps", "-n", "default"),
+    ):
+        assert refused.returncode != 0
+        assert "forbidden" in refused.stderr.lower()
+        assert f"system:serviceaccount:{namespace}:reader" in refused.stderr
