@@ -1,1 +1,126 @@
-"""Fixtures for the connector tests (registered in conftest.pytest_plugins)."""
+"""Fixtures for the connector tests (registered in conftest.pytest_plugins).
+
+Real-engine connector tests share servers per module (each start costs ~30 s
+on these 2-core machines): ``ep_servers`` is a module-scoped factory that
+stops every server it started, by PID, when the module ends.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.report import ModelIdentity
+
+from e2e.vllm_server import VllmServer, base_env, ec_transfer_config
+
+CONNECTOR = "EncoderPoolSharedVolumeConnector"
+MODULE = "encoderpool_connector.shared_volume"
+
+# DEBUG for the model runner shows "Finish execute for mm hash X" whenever an
+# instance runs its encoder: the proof that a consumer did not.
+LOGGING_CONFIG = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "vllm": {
+            "()": "vllm.logging_utils.NewLineFormatter",
+            "format": "%(levelname)s %(asctime)s [%(name)s] %(message)s",
+        }
+    },
+    "handlers": {
+        "vllm": {
+            "class": "logging.StreamHandler",
+            "formatter": "vllm",
+            "level": "DEBUG",
+            "stream": "ext://sys.stdout",
+        }
+    },
+    "loggers": {
+        "vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False},
+        "vllm.v1.worker.gpu_model_runner": {"level": "DEBUG"},
+        "vllm.ext": {"level": "DEBUG"},
+    },
+}
+
+
+def tiny_fingerprint(model: Path) -> str:
+    """The fingerprint the servers compute for the tiny model as the test bed serves it."""
+    import vllm
+
+    return ModelIdentity(model=str(model), vllm_version=str(vllm.__version__)).fingerprint()
+
+
+def sv_config(root: Path, fingerprint: str, **settings: Any) -> dict[str, Any]:
+    """A valid shared-volume ``ec_connector_extra_config``, as the operator renders it."""
+    sv: dict[str, Any] = {"root": str(root), "capacity_bytes": 64 << 20, **settings}
+    cfg = ConnectorConfig(
+        transport="sharedVolume",
+        model_fingerprint=fingerprint,
+        encoder_output_widths={"image": 128},
+        shared_volume=sv,  # type: ignore[arg-type]
+    )
+    return cfg.to_extra_config()
+
+
+EpFactory = Callable[..., VllmServer]
+
+
+@pytest.fixture(scope="module")
+def ep_servers(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[EpFactory]:
+    """Module-scoped factory: ``ep_servers(name, role=None | "ec_producer" | ..., extra=...)``.
+
+    Servers start without waiting (use ``.wait_ready()``); all log with the
+    model runner at DEBUG. Logs stay in the module's temp dir and their tails
+    are printed when the module ends with a failure.
+    """
+    logs = tmp_path_factory.mktemp("ep-logs")
+    log_config = logs / "logging.json"
+    log_config.write_text(json.dumps(LOGGING_CONFIG))
+    started: list[VllmServer] = []
+    prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", request.module.__name__.rsplit(".", 1)[-1])
+
+    def make(
+        name: str,
+        *,
+        role: str | None = None,
+        extra: dict[str, Any] | None = None,
+        connector: str = CONNECTOR,
+        module: str | None = MODULE,
+        env: dict[str, str] | None = None,
+        start: bool = True,
+    ) -> VllmServer:
+        args: list[str] = []
+        if role is not None:
+            args += [
+                "--ec-transfer-config",
+                ec_transfer_config(connector, role, extra or {}, module),
+            ]
+        server = VllmServer(
+            name=name,
+            model=tiny_model,
+            log_path=logs / f"{prefix}-{name}.log",
+            args=args,
+            env={
+                **base_env(str(len(started) % 2)),
+                "VLLM_LOGGING_CONFIG_PATH": str(log_config),
+                **(env or {}),
+            },
+        )
+        started.append(server)
+        return server.start() if start else server
+
+    yield make
+    failed = request.session.testsfailed
+    for server in started:
+        server.stop()
+        if failed:
+            print(f"\n===== log of vLLM server {server.name} ({server.log_path}) =====")
+            print(server.log_tail(60))

@@ -34,7 +34,17 @@ class SharedVolumeSettings(_Frozen):
     )
     writer_queue: Annotated[int, Field(ge=1, le=4096)] = Field(
         default=64,
-        description="Saves queued off the encoder's path before the next save waits.",
+        description="Saves queued for the background writer; when it is full a save is "
+        "dropped (counted, and the consumer encodes that item) rather than blocking the encoder.",
+    )
+    publish_wait_ms: Annotated[int, Field(ge=0, le=60_000)] = Field(
+        default=3000,
+        description="How long a consumer waits for an item a producer announced "
+        "(ec_transfer_params) to appear before it encodes the item itself.",
+    )
+    verify_threads: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=2,
+        description="Threads per consumer that verify entries (checksum) off the engine loop.",
     )
 
     @field_validator("root")
