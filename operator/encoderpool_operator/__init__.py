@@ -1,0 +1,1 @@
+"""encoderpool's Kubernetes operator: the EncoderPool API, its CRD, and the reconcile."""

@@ -1,0 +1,928 @@
+"""The ``EncoderPool`` API (encoderpool.io/v1alpha1): spec, status and the whole object.
+
+These models are the contract between users and the operator: the CRD's
+openAPIV3Schema is generated from them (``crdgen``), so every ``description``
+here is what ``kubectl explain`` prints, and every bound here is one the API
+server enforces. Cross-field rules live twice, side by side, so they cannot
+drift: a pydantic validator (what the operator trusts) and a CEL rule in
+``x-kubernetes-validations`` (what the API server enforces), with one message.
+
+No kopf and no Kubernetes client here: the reconcile, tests and tools import it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Annotated, Any, Final, Literal
+
+from encoderpool_connector.config import ConnectorConfig, RdmaSettings, SharedVolumeSettings
+from encoderpool_connector.report import ModelIdentity
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+GROUP = "encoderpool.io"
+VERSION = "v1alpha1"
+API_VERSION: Final = "encoderpool.io/v1alpha1"
+KIND: Final = "EncoderPool"
+PLURAL = "encoderpools"
+SINGULAR = "encoderpool"
+SHORT_NAMES = ("epool",)  # `ep` is taken by Endpoints
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# Children are named `<pool>-<role>` (Services need DNS-1035 labels of at most
+# 63 characters), so the pool's own name leaves room for the longest suffix.
+MAX_NAME_LENGTH = 50
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+# Condition types (PascalCase adjectives, kstatus-friendly).
+WIDTHS_MEASURED = "WidthsMeasured"
+PRODUCERS_AVAILABLE = "ProducersAvailable"
+CONSUMERS_AVAILABLE = "ConsumersAvailable"
+ROUTER_AVAILABLE = "RouterAvailable"
+READY = "Ready"
+CONDITION_TYPES = (
+    WIDTHS_MEASURED,
+    PRODUCERS_AVAILABLE,
+    CONSUMERS_AVAILABLE,
+    ROUTER_AVAILABLE,
+    READY,
+)
+
+# The API server checks schema bounds as float64; beyond 2**53 they stop being integers.
+MAX_GENERATION = (1 << 53) - 1
+
+DEFAULT_MOUNT_PATH = "/var/cache/encoderpool"
+DEFAULT_UCX_TRANSPORTS = "rc,sm,self"
+
+# Kubernetes resource.Quantity, non-negative (the API server's own regex, sign dropped).
+QUANTITY_PATTERN = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+MODALITY_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+# DNS-1123 subdomain (object names such as PVCs, Secrets).
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# A Multus network: `name`, `namespace/name`, optionally `@interface`.
+NETWORK_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(@[A-Za-z0-9_.-]{1,15})?$"
+)
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# metav1.Condition's reason: CamelCase, starts with a letter.
+REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+CONDITION_TYPE_PATTERN = r"^[A-Z][A-Za-z0-9]*$"
+
+# vLLM flags the operator renders from typed fields; `extraArgs` may not set them.
+OWNED_FLAGS_PATTERN = (
+    r"^(--(model|revision|dtype|served[-_]model[-_]name|tensor[-_]parallel[-_]size"
+    r"|limit[-_]mm[-_]per[-_]prompt|ec[-_]transfer[-_]config|host|port)|-tp)(=.*)?$"
+)
+
+_QUANTITY_SUFFIX: dict[str, Decimal] = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+}
+_QUANTITY_SPLIT = re.compile(r"^([0-9.]+)([eE][-+]?[0-9.]+|[KMGTPE]i|[numkMGTPE])?$")
+
+
+def parse_quantity(quantity: str | int) -> Decimal:
+    """The value of a Kubernetes quantity ("10Gi", "500m", 3), exactly."""
+    text = str(quantity)
+    match = _QUANTITY_SPLIT.match(text)
+    if match is None or not re.match(QUANTITY_PATTERN, text):
+        raise ValueError(f"{text!r} is not a Kubernetes quantity such as 10Gi or 500m")
+    number, suffix = Decimal(match.group(1)), match.group(2) or ""
+    if suffix[:1] in ("e", "E"):
+        return number * Decimal(10) ** Decimal(suffix[1:])
+    return number * _QUANTITY_SUFFIX[suffix]
+
+
+def quantity_bytes(quantity: str | int) -> int:
+    """A quantity as a whole number of bytes ("1Gi" -> 1073741824)."""
+    value = parse_quantity(quantity)
+    if value != value.to_integral_value():
+        raise ValueError(f"{quantity!r} is not a whole number of bytes")
+    return int(value)
+
+
+def _int_as_quantity(value: object) -> object:
+    """YAML writes `nvidia.com/gpu: 1` as an integer; the API server accepts both."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _bytes_between(low: int, high: int) -> AfterValidator:
+    def check(value: str) -> str:
+        amount = quantity_bytes(value)
+        if not low <= amount <= high:
+            raise ValueError(f"{value!r} must be between {_human(low)} and {_human(high)}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _human(n: int) -> str:
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        unit = int(_QUANTITY_SUFFIX[suffix])
+        if n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)
+
+
+# A Kubernetes quantity: a string ("10Gi") or an integer (1), stored as a string.
+Quantity = Annotated[
+    str,
+    BeforeValidator(_int_as_quantity),
+    Field(pattern=QUANTITY_PATTERN, max_length=64),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "minimum": 0,
+            "pattern": QUANTITY_PATTERN,
+            "maxLength": 64,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+
+
+def _utc_seconds(value: datetime) -> datetime:
+    """Kubernetes times have second precision; normalizing keeps read-back equal."""
+    return value.astimezone(timezone.utc).replace(microsecond=0)
+
+
+Timestamp = Annotated[AwareDatetime, AfterValidator(_utc_seconds)]
+Modality = Annotated[str, Field(pattern=MODALITY_PATTERN, max_length=32)]
+ResourceName = Annotated[str, Field(min_length=1, max_length=253)]
+Label = Annotated[str, Field(max_length=63)]
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry; `field_path` points the error at a child field."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+def _cel_extra(*rules: dict[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(rules)}
+
+
+class _Model(BaseModel):
+    """Frozen, strict about unknown keys, camelCase on the wire (as the CRD is)."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+
+
+# ---------------------------------------------------------------------- spec
+
+
+class EnvVar(_Model):
+    """An environment variable with a literal value."""
+
+    name: str = Field(
+        pattern=ENV_NAME_PATTERN, min_length=1, max_length=128, description="Variable name."
+    )
+    value: str = Field(default="", max_length=4096, description="Literal value.")
+
+
+class LocalObjectReference(_Model):
+    """A reference to an object in the pool's namespace."""
+
+    name: str = Field(
+        pattern=DNS_SUBDOMAIN_PATTERN, min_length=1, max_length=253, description="Object name."
+    )
+
+
+class ModelSpec(_Model):
+    """The multimodal model every producer and consumer serves, and how vLLM serves it."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=512,
+        pattern=r"^\S+$",
+        description="Model to serve, as given to `vllm serve`: a Hugging Face id "
+        "(Qwen/Qwen2-VL-2B-Instruct) or an absolute path inside the pod. Changing it "
+        "re-measures encoder widths before the pods roll.",
+    )
+    revision: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^\S+$",
+        description="Model revision (branch, tag or commit) for a hub id; omit for a path.",
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16",
+        description="Weights and activations dtype; also the dtype of cached embeddings.",
+    )
+    served_model_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^\S+$",
+        description="Name clients use in requests (vLLM --served-model-name); default: name.",
+    )
+    limit_mm_per_prompt: dict[Modality, Annotated[int, Field(ge=0, le=256)]] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="Most media items of each modality in one prompt (vLLM "
+        "--limit-mm-per-prompt) by modality name, e.g. {image: 4, video: 0}.",
+    )
+    extra_args: tuple[Annotated[str, Field(min_length=1, max_length=1024)], ...] = Field(
+        default=(),
+        max_length=64,
+        description="More `vllm serve` arguments for producers and consumers, e.g. "
+        "[--max-model-len, '8192']. Flags the operator sets from typed fields "
+        "(--model, --revision, --dtype, --served-model-name, --tensor-parallel-size, "
+        "--limit-mm-per-prompt, --ec-transfer-config, --host, --port) are refused.",
+        json_schema_extra=_cel_extra(
+            cel(
+                f"self.all(a, !a.matches('{OWNED_FLAGS_PATTERN}'))",
+                "must not set --model, --revision, --dtype, "
+                "--served-model-name, --tensor-parallel-size/-tp, --limit-mm-per-prompt, "
+                "--ec-transfer-config, --host or --port: set spec.model, "
+                "spec.producer/consumer.tensorParallelSize or spec.connector instead",
+            )
+        ),
+    )
+    env: tuple[EnvVar, ...] = Field(
+        default=(),
+        max_length=64,
+        description="Environment variables for the vLLM containers (names unique).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _not_owned(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arg in value:
+            if re.match(OWNED_FLAGS_PATTERN, arg):
+                flag = arg.split("=", 1)[0]
+                raise ValueError(
+                    f"{flag} is set by the operator: use spec.model, "
+                    "spec.producer/consumer.tensorParallelSize or spec.connector instead"
+                )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _unique_names(cls, value: tuple[EnvVar, ...]) -> tuple[EnvVar, ...]:
+        names = [e.name for e in value]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate env names {duplicates}: give each name once")
+        return value
+
+
+class ResourceRequirements(_Model):
+    """Compute resources of a container, as in a Pod: requests and limits by resource name."""
+
+    requests: dict[ResourceName, Quantity] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Minimum resources, e.g. {cpu: '4', memory: 32Gi}.",
+    )
+    limits: dict[ResourceName, Quantity] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Maximum resources; GPUs go here, e.g. {nvidia.com/gpu: 1}.",
+    )
+
+
+_TOLERATION_VALUE_RULE = "value must be empty when operator is Exists"
+_TOLERATION_SECONDS_RULE = "tolerationSeconds applies only to effect NoExecute"
+
+
+class Toleration(_Model):
+    """A Pod toleration (see `kubectl explain pod.spec.tolerations`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel_extra(
+            cel(
+                "!has(self.operator) || self.operator != 'Exists' || "
+                "!has(self.value) || self.value == ''",
+                _TOLERATION_VALUE_RULE,
+                ".value",
+            ),
+            cel(
+                "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                _TOLERATION_SECONDS_RULE,
+                ".tolerationSeconds",
+            ),
+        )
+    )
+
+    key: str | None = Field(
+        default=None, max_length=316, description="Taint key; empty with Exists matches all."
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (the default)."
+    )
+    value: str | None = Field(default=None, max_length=63, description="Taint value for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all."
+    )
+    toleration_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=31_536_000,
+        description="With NoExecute: how long the pod stays bound after the taint appears.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError(_TOLERATION_VALUE_RULE)
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(_TOLERATION_SECONDS_RULE)
+        return self
+
+
+_FREE_FORM: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
+
+
+class RoleSpec(_Model):
+    """One role's pods: producers run the encoder only, consumers run the LM."""
+
+    replicas: int = Field(default=1, ge=1, le=256, description="Number of pods.")
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="GPUs one vLLM instance spans (vLLM --tensor-parallel-size); request "
+        "that many GPUs in resources.",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="Resources of the vLLM container, e.g. limits {nvidia.com/gpu: 1}.",
+    )
+    node_selector: dict[Annotated[str, Field(max_length=317)], Label] = Field(
+        default_factory=dict, max_length=32, description="Node labels the pods must match."
+    )
+    tolerations: tuple[Toleration, ...] = Field(
+        default=(), max_length=32, description="Taints the pods tolerate."
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="Pod affinity, as in a Pod's spec.affinity (passed through unchanged).",
+        json_schema_extra=_FREE_FORM,
+    )
+    pod_template: dict[str, Any] | None = Field(
+        default=None,
+        description="Partial PodTemplateSpec (metadata, spec) merged over the one the "
+        "operator renders: maps merge key by key, other values replace. For what the "
+        "typed fields do not cover, e.g. priorityClassName, securityContext, extra volumes.",
+        json_schema_extra=_FREE_FORM,
+    )
+
+
+_ONE_TRANSPORT = "set exactly one of sharedVolume (a ReadWriteMany volume) or rdma (NIXL over UCX)"
+_ONE_CLAIM = (
+    "set exactly one of size (the operator creates a ReadWriteMany PVC of that size) "
+    "or existingClaim (a PVC you created)"
+)
+_CLASS_NEEDS_SIZE = (
+    "storageClassName applies only to a new claim: remove it, or use size instead of existingClaim"
+)
+_CAPACITY_NEEDED = (
+    "capacity is required with existingClaim: the operator cannot tell the claim's size"
+)
+_CAPACITY_FITS = "capacity must not exceed size: lower capacity or grow size"
+_SIZE_GROWS = "size cannot shrink (a PVC can only grow): keep it or raise it"
+_CLASS_FIXED = (
+    "storageClassName cannot change (a PVC keeps its storage class): restore it, or use a new pool"
+)
+
+
+class SharedVolumeSpec(_Model):
+    """A filesystem every producer and consumer mounts; embeddings are files on it."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel_extra(
+            cel("has(self.size) != has(self.existingClaim)", _ONE_CLAIM),
+            cel("!has(self.storageClassName) || has(self.size)", _CLASS_NEEDS_SIZE),
+            cel("has(self.capacity) || has(self.size)", _CAPACITY_NEEDED),
+            cel(
+                "!has(self.capacity) || !has(self.size) || "
+                "quantity(string(self.capacity)).compareTo(quantity(string(self.size))) <= 0",
+                _CAPACITY_FITS,
+                ".capacity",
+            ),
+            cel(
+                "!has(self.size) || !has(oldSelf.size) || "
+                "quantity(string(self.size)).compareTo(quantity(string(oldSelf.size))) >= 0",
+                _SIZE_GROWS,
+                ".size",
+            ),
+            cel(
+                "!has(self.size) || !has(oldSelf.size) || "
+                "(has(self.storageClassName) ? self.storageClassName : '') == "
+                "(has(oldSelf.storageClassName) ? oldSelf.storageClassName : '')",
+                _CLASS_FIXED,
+            ),
+        )
+    )
+
+    size: Annotated[Quantity, _bytes_between(1 << 20, 1 << 50)] | None = Field(
+        default=None,
+        description="Size of a new ReadWriteMany PVC the operator creates for the pool, "
+        "e.g. 200Gi. It can grow (if the storage class allows expansion), never shrink.",
+    )
+    storage_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Storage class of the new PVC; it must offer ReadWriteMany. "
+        "Default: the cluster's default class.",
+    )
+    existing_claim: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Name of a ReadWriteMany PVC in the pool's namespace to use instead "
+        "of a new one.",
+    )
+    mount_path: str = Field(
+        default=DEFAULT_MOUNT_PATH,
+        min_length=2,
+        max_length=256,
+        pattern=r"^/[^\s]*[^/\s]$",
+        description="Where the volume is mounted in the pods; the cache lives there.",
+    )
+    capacity: Annotated[Quantity, _bytes_between(1 << 20, 1 << 50)] | None = Field(
+        default=None,
+        description="Most bytes the cache keeps before evicting, e.g. 180Gi. Default "
+        "with size: 90% of size. Required with existingClaim.",
+    )
+    eviction: Literal["lru", "fifo"] = Field(
+        default="lru",
+        description="lru evicts the least recently loaded entry; fifo the oldest written.",
+    )
+
+    @field_validator("mount_path")
+    @classmethod
+    def _clean_path(cls, value: str) -> str:
+        if "/../" in value + "/" or "/./" in value + "/" or "//" in value:
+            raise ValueError(f"{value!r} must be a clean absolute path (no '.', '..', '//')")
+        return value
+
+    @model_validator(mode="after")
+    def _one_claim(self) -> SharedVolumeSpec:
+        if (self.size is None) == (self.existing_claim is None):
+            raise ValueError(_ONE_CLAIM)
+        if self.storage_class_name is not None and self.size is None:
+            raise ValueError(_CLASS_NEEDS_SIZE)
+        if self.capacity is None and self.size is None:
+            raise ValueError(_CAPACITY_NEEDED)
+        if (
+            self.capacity is not None
+            and self.size is not None
+            and quantity_bytes(self.capacity) > quantity_bytes(self.size)
+        ):
+            raise ValueError(_CAPACITY_FITS)
+        return self
+
+    def capacity_bytes(self) -> int:
+        """The cache bound: capacity, else 90% of a new claim's size (room for temp files)."""
+        if self.capacity is not None:
+            return quantity_bytes(self.capacity)
+        assert self.size is not None, "validated: capacity or size is set"
+        return quantity_bytes(self.size) * 9 // 10
+
+    def settings(self) -> SharedVolumeSettings:
+        """What the connector reads (ConnectorConfig.shared_volume)."""
+        return SharedVolumeSettings(
+            root=self.mount_path, capacity_bytes=self.capacity_bytes(), eviction=self.eviction
+        )
+
+
+class RdmaSpec(_Model):
+    """NIXL over UCX: producers keep embeddings in registered memory, consumers READ them."""
+
+    resource_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        description="Extended resource of the RDMA device plugin to request, e.g. "
+        "rdma/hca or nvidia.com/hostdev. Omit where UCX uses TCP or shared memory.",
+    )
+    resource_count: int = Field(
+        default=1, ge=1, le=16, description="How many of resourceName each pod requests."
+    )
+    networks: tuple[Annotated[str, Field(max_length=253, pattern=NETWORK_PATTERN)], ...] = Field(
+        default=(),
+        max_length=8,
+        description="Multus NetworkAttachmentDefinitions to attach (name, namespace/name, "
+        "optionally @interface); rendered into the k8s.v1.cni.cncf.io/networks annotation.",
+    )
+    ucx_transports: str = Field(
+        default=DEFAULT_UCX_TRANSPORTS,
+        min_length=1,
+        max_length=256,
+        pattern=r"^\^?[a-z0-9_]+(,[a-z0-9_]+)*$",
+        description="UCX_TLS: UCX transports in order, e.g. rc,sm,self (verbs) or tcp,sm,self.",
+    )
+    ucx_net_devices: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$",
+        description="UCX_NET_DEVICES, e.g. mlx5_0:1; default: UCX picks.",
+    )
+    side_channel_port: int = Field(
+        default=5600,
+        ge=1024,
+        le=65535,
+        description="TCP port of the producers' NIXL metadata side channel.",
+    )
+    ipc_lock: bool = Field(
+        default=True,
+        description="Add the IPC_LOCK capability so UCX can pin registered memory.",
+    )
+    shm_size: Annotated[Quantity, _bytes_between(1 << 20, 1 << 40)] | None = Field(
+        default=None,
+        description="Size of a memory-backed /dev/shm for UCX's shared-memory transport, "
+        "e.g. 8Gi; default: the container runtime's (often 64Mi).",
+    )
+    buffer_size: Annotated[Quantity, _bytes_between(1 << 20, 1 << 40)] = Field(
+        default="1Gi",
+        description="Registered host memory per producer that holds embeddings until "
+        "consumers read them. Count it in the producer's memory request.",
+    )
+
+    def settings(self) -> RdmaSettings:
+        """What the connector reads (ConnectorConfig.rdma)."""
+        return RdmaSettings(
+            side_channel_port=self.side_channel_port,
+            buffer_bytes=quantity_bytes(self.buffer_size),
+        )
+
+
+class ConnectorSpec(_Model):
+    """How embeddings travel from producers to consumers: exactly one transport."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel_extra(
+            cel("has(self.sharedVolume) != has(self.rdma)", _ONE_TRANSPORT)
+        )
+    )
+
+    shared_volume: SharedVolumeSpec | None = Field(
+        default=None, description="Embeddings as files on a ReadWriteMany volume."
+    )
+    rdma: RdmaSpec | None = Field(
+        default=None, description="Embeddings read over RDMA (NIXL with UCX)."
+    )
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> ConnectorSpec:
+        if (self.shared_volume is None) == (self.rdma is None):
+            raise ValueError(_ONE_TRANSPORT)
+        return self
+
+    @property
+    def transport(self) -> Literal["sharedVolume", "rdma"]:
+        """The transport's name as ConnectorConfig and status.transport spell it."""
+        return "sharedVolume" if self.shared_volume is not None else "rdma"
+
+
+class RouterSpec(_Model):
+    """The pool's OpenAI-compatible endpoint: fans media out to producers, text to consumers."""
+
+    enabled: bool = Field(
+        default=True, description="Run the router; false leaves routing to your own proxy."
+    )
+    replicas: int = Field(default=1, ge=1, le=32, description="Number of router pods.")
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="Type of the router's Service."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="Port of the router's Service.")
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Router image; default: the operator's own router image.",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements, description="Resources of the router container."
+    )
+
+
+class WidthJobSpec(_Model):
+    """The Job that loads the model once and measures its encoder output widths."""
+
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Image of the Job; default: spec.image (it must hold vLLM and the connector).",
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None,
+        description="Resources of the Job's container; default: spec.producer.resources.",
+    )
+    active_deadline_seconds: int = Field(
+        default=1800,
+        ge=60,
+        le=86400,
+        description="How long a measurement may run before the Job fails.",
+    )
+    backoff_limit: int = Field(
+        default=2, ge=0, le=10, description="Retries before the Job counts as failed."
+    )
+
+
+class EncoderPoolSpec(_Model):
+    """Desired state: one model served by encoder producers and LM consumers."""
+
+    model: ModelSpec = Field(description="The model and how vLLM serves it.")
+    image: str = Field(
+        min_length=1,
+        max_length=512,
+        pattern=r"^\S+$",
+        description="vLLM image with the encoderpool connector installed, for producers, "
+        "consumers and the width Job, e.g. registry.example.com/vllm-encoderpool:0.32.0.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="Pull policy of all images; default: Kubernetes' own."
+    )
+    image_pull_secrets: tuple[LocalObjectReference, ...] = Field(
+        default=(), max_length=8, description="Secrets to pull all images with."
+    )
+    producer: RoleSpec = Field(description="Encoder-only vLLM pods (EC producers).")
+    consumer: RoleSpec = Field(description="LM vLLM pods (EC consumers).")
+    connector: ConnectorSpec = Field(description="How embeddings reach the consumers.")
+    router: RouterSpec = Field(
+        default_factory=RouterSpec, description="The pool's endpoint; on by default."
+    )
+    width_job: WidthJobSpec = Field(
+        default_factory=WidthJobSpec, description="The encoder-width measurement Job."
+    )
+
+    def served_model_name(self) -> str:
+        """What clients put in `model`: servedModelName, else the model name."""
+        return self.model.served_model_name or self.model.name
+
+    def model_identity(self, vllm_version: str) -> ModelIdentity:
+        """The identity whose fingerprint keys the width report (producers run the encoder)."""
+        return ModelIdentity(
+            model=self.model.name,
+            revision=self.model.revision or "",
+            dtype=self.model.dtype,
+            tensor_parallel_size=self.producer.tensor_parallel_size,
+            vllm_version=vllm_version,
+            limit_mm_per_prompt=dict(self.model.limit_mm_per_prompt),
+        )
+
+    def connector_config(
+        self, model_fingerprint: str, encoder_output_widths: Mapping[str, int]
+    ) -> ConnectorConfig:
+        """The one ConnectorConfig producers and consumers of this pool get."""
+        shared = self.connector.shared_volume
+        rdma = self.connector.rdma
+        return ConnectorConfig(
+            transport=self.connector.transport,
+            model_fingerprint=model_fingerprint,
+            encoder_output_widths=dict(encoder_output_widths),
+            shared_volume=shared.settings() if shared is not None else None,
+            rdma=rdma.settings() if rdma is not None else None,
+        )
+
+
+# -------------------------------------------------------------------- status
+
+
+class ConditionUpdate(_Model):
+    """A condition as the reconcile computes it; ``conditions.set_condition`` adds the time."""
+
+    type: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=CONDITION_TYPE_PATTERN,
+        description="Condition type: " + ", ".join(CONDITION_TYPES) + ".",
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=REASON_PATTERN,
+        description="Why, in CamelCase, for machines (e.g. JobRunning).",
+    )
+    message: str = Field(default="", max_length=32768, description="Why, for humans.")
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_GENERATION,
+        description="metadata.generation the condition was computed from.",
+    )
+
+
+class Condition(ConditionUpdate):
+    """One aspect of the pool's state (metav1.Condition's shape)."""
+
+    last_transition_time: Timestamp = Field(
+        description="When status last changed (not when the condition was last computed)."
+    )
+
+
+class ReplicaStatus(_Model):
+    """Pod counts of one Deployment, as its status reports them."""
+
+    desired: int = Field(default=0, ge=0, le=10000, description="Pods the spec asks for.")
+    ready: int = Field(default=0, ge=0, le=10000, description="Pods passing readiness.")
+    available: int = Field(
+        default=0, ge=0, le=10000, description="Pods ready for at least minReadySeconds."
+    )
+    summary: str = Field(
+        default="0/0",
+        max_length=16,
+        pattern=r"^[0-9]+/[0-9]+$",
+        description="ready/desired, for `kubectl get` (derived; any value given is replaced).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_summary(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            data = dict(data)
+            data["summary"] = f"{data.get('ready', 0)}/{data.get('desired', 0)}"
+        return data
+
+
+class EncoderPoolStatus(_Model):
+    """Observed state, written by the operator only."""
+
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_GENERATION,
+        description="metadata.generation of the spec this status reflects.",
+    )
+    conditions: tuple[Condition, ...] = Field(
+        default=(),
+        max_length=16,
+        description="WidthsMeasured, ProducersAvailable, ConsumersAvailable, "
+        "RouterAvailable and Ready (all of them True).",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    transport: Literal["sharedVolume", "rdma"] | None = Field(
+        default=None, description="Connector transport the pods were last rendered with."
+    )
+    model_fingerprint: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{16}$",
+        max_length=16,
+        description="Fingerprint of the model as served (keys the width report).",
+    )
+    width_report_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="ConfigMap in the pool's namespace that holds the width report.",
+    )
+    encoder_output_widths: dict[Modality, Annotated[int, Field(ge=1, le=1 << 20)]] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="Measured encoder output width per modality.",
+    )
+    bytes_per_token: dict[Modality, Annotated[int, Field(ge=1, le=1 << 24)]] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="Bytes one encoder output token takes in the cache, per modality.",
+    )
+    hidden_size: int | None = Field(
+        default=None, ge=1, le=1 << 20, description="The LM's hidden size, as measured."
+    )
+    producers: ReplicaStatus | None = Field(default=None, description="Producer pods.")
+    consumers: ReplicaStatus | None = Field(default=None, description="Consumer pods.")
+    router: ReplicaStatus | None = Field(default=None, description="Router pods.")
+    router_endpoint: str | None = Field(
+        default=None,
+        max_length=512,
+        description="URL of the pool's endpoint in the cluster: "
+        "http://<router service>.<namespace>.svc:<port>; empty without a router.",
+    )
+
+
+# -------------------------------------------------------------------- object
+
+_NAME_RULE = (
+    f"must be a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) "
+    f"of at most {MAX_NAME_LENGTH} characters: child objects are named <name>-<role>"
+)
+# The CRD may constrain metadata.name only; crdgen puts this rule there.
+METADATA_NAME_RULE = cel(
+    f"size(self) <= {MAX_NAME_LENGTH} && self.matches('{NAME_PATTERN}')", _NAME_RULE
+)
+
+
+class EncoderPool(_Model):
+    """A pool of vLLM encoder producers and LM consumers wired by an encoder-cache connector."""
+
+    # model_validate(obj) takes what the API server returns; from_object also
+    # takes kopf's mapping views and names the object in its error.
+
+    api_version: Literal["encoderpool.io/v1alpha1"] = Field(
+        default=API_VERSION, description="encoderpool.io/v1alpha1."
+    )
+    kind: Literal["EncoderPool"] = Field(default=KIND, description="EncoderPool.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="Standard object metadata (kept as the server sent it)."
+    )
+    spec: EncoderPoolSpec = Field(description="Desired state.")
+    status: EncoderPoolStatus = Field(
+        default_factory=EncoderPoolStatus, description="Observed state."
+    )
+
+    @field_validator("metadata")
+    @classmethod
+    def _name(cls, value: dict[str, Any]) -> dict[str, Any]:
+        name = value.get("name")
+        if name is not None and (
+            len(name) > MAX_NAME_LENGTH or not re.match(NAME_PATTERN, str(name))
+        ):
+            raise ValueError(f"metadata.name {name!r} {_NAME_RULE}")
+        return value
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", ""))
+
+    @property
+    def generation(self) -> int | None:
+        generation = self.metadata.get("generation")
+        return int(generation) if generation is not None else None
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> EncoderPool:
+        """Parse an object from the API server or kopf (nested mappings welcome).
+
+        Raises ValueError naming the object and each bad field (camelCase paths),
+        fit for kopf.PermanentError and a Ready=False condition message.
+        """
+        plain = _plain(obj)
+        try:
+            return cls.model_validate(plain)
+        except ValidationError as e:
+            meta = plain.get("metadata") if isinstance(plain, dict) else None
+            meta = meta if isinstance(meta, dict) else {}
+            who = f"{meta.get('namespace', '')}/{meta.get('name', '?')}".lstrip("/")
+            raise ValueError(f"{KIND} {who} is invalid: {format_errors(e)}") from None
+
+
+def format_errors(error: ValidationError) -> str:
+    """`spec.connector.sharedVolume.size: <what is wrong>; ...` (camelCase paths)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<object>'}: {err['msg']}"
+        for err in error.errors()
+    )
+
+
+def _plain(value: Any) -> Any:
+    """kopf hands out Mapping views; pydantic wants dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

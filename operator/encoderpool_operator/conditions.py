@@ -1,0 +1,91 @@
+"""Status conditions with Kubernetes semantics, as pure functions.
+
+``lastTransitionTime`` moves only when a condition's status flips (as
+kubebuilder's ``meta.SetStatusCondition`` does), so `kubectl wait`, kstatus
+and Argo CD see stable times, and a reconcile pass that observes nothing new
+produces an identical status (no write).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from encoderpool_operator.api import (
+    CONSUMERS_AVAILABLE,
+    PRODUCERS_AVAILABLE,
+    READY,
+    ROUTER_AVAILABLE,
+    WIDTHS_MEASURED,
+    Condition,
+    ConditionUpdate,
+)
+
+READY_REASON = "AllAvailable"
+PENDING_REASON = "Pending"
+
+
+def find_condition(conditions: Sequence[Condition], type_: str) -> Condition | None:
+    """The condition of that type, if set."""
+    return next((c for c in conditions if c.type == type_), None)
+
+
+def is_true(conditions: Sequence[Condition], type_: str) -> bool:
+    found = find_condition(conditions, type_)
+    return found is not None and found.status == "True"
+
+
+def set_condition(
+    conditions: Sequence[Condition], new: ConditionUpdate, now: datetime
+) -> tuple[Condition, ...]:
+    """Conditions with ``new`` set: replaced in place, or appended if its type is new.
+
+    The time is ``now`` when the type is new or its status differs, else the old
+    condition's time; reason, message and observedGeneration always follow ``new``.
+    """
+    old = find_condition(conditions, new.type)
+    since = old.last_transition_time if old is not None and old.status == new.status else now
+    made = Condition.model_validate(
+        {**new.model_dump(exclude={"last_transition_time"}), "lastTransitionTime": since}
+    )
+    if old is None:
+        return (*conditions, made)
+    return tuple(made if c.type == new.type else c for c in conditions)
+
+
+def ready_condition(
+    conditions: Sequence[Condition], *, router_enabled: bool, observed_generation: int | None
+) -> ConditionUpdate:
+    """Ready summarizes the others: True when each one that applies is True.
+
+    Otherwise it takes the status and reason of the first that is not True (in
+    the order a pool comes up), so `kubectl get` shows what holds the pool back.
+    """
+    required = [WIDTHS_MEASURED, PRODUCERS_AVAILABLE, CONSUMERS_AVAILABLE]
+    if router_enabled:
+        required.append(ROUTER_AVAILABLE)
+    for type_ in required:
+        found = find_condition(conditions, type_)
+        if found is None:
+            return ConditionUpdate(
+                type=READY,
+                status="Unknown",
+                reason=PENDING_REASON,
+                message=f"{type_} not yet observed",
+                observed_generation=observed_generation,
+            )
+        if found.status != "True":
+            return ConditionUpdate(
+                type=READY,
+                status=found.status,
+                reason=found.reason,
+                message=f"{type_}: {found.message}" if found.message else type_,
+                observed_generation=observed_generation,
+            )
+    return ConditionUpdate(
+        type=READY,
+        status="True",
+        reason=READY_REASON,
+        message="widths measured; producers, consumers and router available",
+        observed_generation=observed_generation,
+    )
