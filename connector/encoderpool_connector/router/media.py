@@ -1,0 +1,60 @@
+"""Media items of an OpenAI chat request, and the per-item request a producer gets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+# Content part types whose items vLLM encodes (as its chat parser names them).
+MEDIA_TYPES = frozenset({"image_url", "audio_url", "input_audio", "video_url"})
+# Request fields that change what the encoder emits, so a producer must see them too.
+_ENCODER_FIELDS = ("mm_processor_kwargs",)
+
+
+def media_items(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The media parts of a chat request, in order; malformed messages are vLLM's to reject."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    return [
+        part
+        for msg in messages
+        if isinstance(msg, dict) and isinstance(msg.get("content"), list)
+        for part in msg["content"]
+        if isinstance(part, dict) and part.get("type") in MEDIA_TYPES
+    ]
+
+
+def media_key(part: dict[str, Any]) -> bytes:
+    """A digest naming the item, for producer affinity.
+
+    The client's ``uuid`` when given (vLLM then uses it as the item's hash),
+    else the part itself (URL or inline data): the same media sent again picks
+    the same producer. It is not vLLM's ``mm_hash`` (that needs the decoded
+    media), only a stable stand-in for it.
+    """
+    uuid = part.get("uuid")
+    if isinstance(uuid, str) and uuid:
+        return hashlib.blake2b(b"uuid\0" + uuid.encode(), digest_size=16).digest()
+    payload = part.get(str(part.get("type")))
+    if isinstance(payload, dict) and isinstance(payload.get("url"), str):
+        data = payload["url"].encode()
+    else:
+        data = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def encoder_request(body: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """One item alone, decoding nothing: the producer encodes and publishes it."""
+    req: dict[str, Any] = {
+        "messages": [{"role": "user", "content": [part]}],
+        "max_tokens": 1,
+        "stream": False,
+    }
+    if "model" in body:
+        req["model"] = body["model"]
+    for name in _ENCODER_FIELDS:
+        if name in body:
+            req[name] = body[name]
+    return req

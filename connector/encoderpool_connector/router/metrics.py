@@ -1,0 +1,76 @@
+"""The router's Prometheus metrics, in a registry of its own (one per app, so tests can
+run several routers in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Every error kind the router counts; pre-created so dashboards see zeros, not gaps.
+ERROR_KINDS = (
+    "bad_request",  # the client's body is not a JSON object
+    "producer_unavailable",  # no producer known: items encoded by the consumer
+    "producer_timeout",  # a producer took longer than --producer-timeout-s
+    "producer_error",  # a producer refused, failed, or answered without ec_transfer_params
+    "consumer_unavailable",  # no consumer known: the client gets 503
+    "consumer_error",  # a consumer could not be reached or answered 5xx
+    "consumer_timeout",  # a consumer was silent longer than its timeouts
+    "stream_broken",  # a consumer's stream ended early; the client got an error event
+    "client_disconnect",  # the client went away; upstream work was cancelled
+)
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class RouterMetrics:
+    """Requests, items encoded remotely vs locally, latencies, errors by kind, backends."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "encoderpool_router_requests",
+            "Client requests by endpoint and HTTP status returned.",
+            ["endpoint", "code"],
+            registry=r,
+        )
+        self.items = Counter(
+            "encoderpool_router_media_items",
+            "Media items by where they were encoded: remote (a producer) or local (the consumer).",
+            ["encoded"],
+            registry=r,
+        )
+        self.producer_latency = Histogram(
+            "encoderpool_router_producer_latency_seconds",
+            "Time of one producer request (one item), successful or not.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.consumer_latency = Histogram(
+            "encoderpool_router_consumer_latency_seconds",
+            "Consumer time: to its response headers (first_byte) and to its last byte (total).",
+            ["phase"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.errors = Counter("encoderpool_router_errors", "Errors by kind.", ["kind"], registry=r)
+        self.consumer_retries = Counter(
+            "encoderpool_router_consumer_retries",
+            "Consumer requests retried on another consumer.",
+            registry=r,
+        )
+        self.backends = Gauge(
+            "encoderpool_router_backends", "Backends known, by role.", ["role"], registry=r
+        )
+        self.in_flight = Gauge(
+            "encoderpool_router_in_flight",
+            "Upstream requests in flight, by role.",
+            ["role"],
+            registry=r,
+        )
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind)
+        for where in ("remote", "local"):
+            self.items.labels(where)
+
+    def error(self, kind: str) -> None:
+        assert kind in ERROR_KINDS, kind
+        self.errors.labels(kind).inc()
