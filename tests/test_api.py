@@ -270,7 +270,11 @@ def test_what_the_api_server_returns_parses() -> None:
     assert pool.status.producers == ReplicaStatus(desired=2, ready=1, available=1)
 
 
-@pytest.mark.parametrize(("case", "patch", "field", "fix"), INVALID + PYDANTIC_ONLY)
+@pytest.mark.parametrize(
+    ("case", "patch", "field", "fix"),
+    INVALID + PYDANTIC_ONLY,
+    ids=[c[0] for c in INVALID + PYDANTIC_ONLY],
+)
 def test_invalid_pool_is_refused_naming_the_field(
     case: str, patch: dict[str, Any], field: str, fix: str
 ) -> None:

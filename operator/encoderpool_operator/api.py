@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Annotated, Any, Final, Literal
@@ -27,12 +28,16 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
     ValidationError,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
 
 GROUP = "encoderpool.io"
 VERSION = "v1alpha1"
@@ -134,14 +139,38 @@ def _int_as_quantity(value: object) -> object:
     return value
 
 
-def _bytes_between(low: int, high: int) -> AfterValidator:
-    def check(value: str) -> str:
-        amount = quantity_bytes(value)
-        if not low <= amount <= high:
-            raise ValueError(f"{value!r} must be between {_human(low)} and {_human(high)}")
+@dataclass(frozen=True)
+class ByteRange:
+    """Annotation for a Quantity of bytes: checked here and, by CEL, in the API server."""
+
+    low: int
+    high: int
+
+    @property
+    def message(self) -> str:
+        return f"must be between {_human(self.low)} and {_human(self.high)}"
+
+    def _check(self, value: str) -> str:
+        if not self.low <= quantity_bytes(value) <= self.high:
+            raise ValueError(f"{value!r} {self.message}")
         return value
 
-    return AfterValidator(check)
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = dict(handler(schema))
+        q = "quantity(string(self))"
+        rule = (
+            f"{q}.compareTo(quantity('{_human(self.low)}')) >= 0 && "
+            f"{q}.compareTo(quantity('{_human(self.high)}')) <= 0"
+        )
+        json_schema["x-kubernetes-validations"] = [cel(rule, self.message)]
+        return json_schema
 
 
 def _human(n: int) -> str:
@@ -455,7 +484,7 @@ class SharedVolumeSpec(_Model):
         )
     )
 
-    size: Annotated[Quantity, _bytes_between(1 << 20, 1 << 50)] | None = Field(
+    size: Annotated[Quantity, ByteRange(1 << 20, 1 << 50)] | None = Field(
         default=None,
         description="Size of a new ReadWriteMany PVC the operator creates for the pool, "
         "e.g. 200Gi. It can grow (if the storage class allows expansion), never shrink.",
@@ -483,7 +512,7 @@ class SharedVolumeSpec(_Model):
         pattern=r"^/[^\s]*[^/\s]$",
         description="Where the volume is mounted in the pods; the cache lives there.",
     )
-    capacity: Annotated[Quantity, _bytes_between(1 << 20, 1 << 50)] | None = Field(
+    capacity: Annotated[Quantity, ByteRange(1 << 20, 1 << 50)] | None = Field(
         default=None,
         description="Most bytes the cache keeps before evicting, e.g. 180Gi. Default "
         "with size: 90% of size. Required with existingClaim.",
@@ -574,12 +603,12 @@ class RdmaSpec(_Model):
         default=True,
         description="Add the IPC_LOCK capability so UCX can pin registered memory.",
     )
-    shm_size: Annotated[Quantity, _bytes_between(1 << 20, 1 << 40)] | None = Field(
+    shm_size: Annotated[Quantity, ByteRange(1 << 20, 1 << 40)] | None = Field(
         default=None,
         description="Size of a memory-backed /dev/shm for UCX's shared-memory transport, "
         "e.g. 8Gi; default: the container runtime's (often 64Mi).",
     )
-    buffer_size: Annotated[Quantity, _bytes_between(1 << 20, 1 << 40)] = Field(
+    buffer_size: Annotated[Quantity, ByteRange(1 << 20, 1 << 40)] = Field(
         default="1Gi",
         description="Registered host memory per producer that holds embeddings until "
         "consumers read them. Count it in the producer's memory request.",

@@ -1,0 +1,137 @@
+"""The generated CRD on a real kube-apiserver: it is accepted (structural, CEL within
+the cost budget), the samples are accepted and read back as the models parse them, and
+invalid pools are refused with messages that name the field."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from encoderpool_operator import api
+from encoderpool_operator.conditions import set_condition
+
+from e2e.cluster import LocalCluster
+from tests.test_api import BASE, INVALID, SAMPLES, patched
+from tests.test_crdgen import COMMITTED
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: LocalCluster) -> LocalCluster:
+    """The committed CRD, applied and Established (idempotent if others applied it too)."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(COMMITTED))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    return cluster
+
+
+def _create(cluster: LocalCluster, namespace: str, obj: dict[str, Any]) -> None:
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(obj))
+
+
+def _get(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", "-n", namespace, "encoderpool", name, "-o", "json")
+    return dict(json.loads(out))
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_sample_is_accepted_and_reads_back_equal(
+    crd: LocalCluster, namespace: str, path: Path
+) -> None:
+    obj = yaml.safe_load(path.read_text())
+    _create(crd, namespace, obj)
+    stored = api.EncoderPool.from_object(_get(crd, namespace, obj["metadata"]["name"]))
+    # The server's defaults are the models' defaults: nothing changes on the way.
+    assert stored.spec == api.EncoderPool.from_object(obj).spec
+
+
+@pytest.mark.parametrize(("case", "patch", "field", "fix"), INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_pool_is_refused_naming_the_field(
+    crd: LocalCluster, namespace: str, case: str, patch: dict[str, Any], field: str, fix: str
+) -> None:
+    with pytest.raises(RuntimeError) as info:
+        _create(crd, namespace, patched(patch))
+    message = str(info.value)
+    assert field in message, message
+    assert fix in message, message
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "field", "fix"),
+    [
+        ({"size": "2Gi"}, {"size": "1Gi"}, "spec.connector.sharedVolume.size", "cannot shrink"),
+        (
+            {"size": "1Gi", "storageClassName": "a"},
+            {"size": "2Gi", "storageClassName": "b"},
+            "spec.connector.sharedVolume",
+            "storageClassName cannot change",
+        ),
+    ],
+)
+def test_update_rules(
+    crd: LocalCluster,
+    namespace: str,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    field: str,
+    fix: str,
+) -> None:
+    _create(crd, namespace, patched({"spec": {"connector": {"sharedVolume": before}}}))
+    merge = json.dumps({"spec": {"connector": {"sharedVolume": after}}})
+    with pytest.raises(RuntimeError) as info:
+        crd.kubectl("patch", "-n", namespace, "encoderpool", "pool", "--type=merge", "-p", merge)
+    assert field in str(info.value)
+    assert fix in str(info.value)
+    # Growing the claim is fine.
+    crd.kubectl(
+        "patch", "-n", namespace, "encoderpool", "pool", "--type=merge",
+        "-p", json.dumps({"spec": {"connector": {"sharedVolume": {"size": "5Gi"}}}}),
+    )  # fmt: skip
+
+
+def test_status_written_by_the_models_is_stored_and_printed(
+    crd: LocalCluster, namespace: str
+) -> None:
+    _create(crd, namespace, BASE)
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    conditions = set_condition(
+        (),
+        api.ConditionUpdate(type=api.READY, status="False", reason="ProducersUnavailable"),
+        now,
+    )
+    status = api.EncoderPoolStatus(
+        observed_generation=1,
+        conditions=conditions,
+        transport="sharedVolume",
+        producers=api.ReplicaStatus(desired=2, ready=1, available=1),
+        consumers=api.ReplicaStatus(desired=1, ready=1, available=1),
+        encoder_output_widths={"image": 128},
+        router_endpoint="http://pool.ns.svc:8000",
+    )
+    body = json.dumps({"status": status.model_dump(mode="json", exclude_none=True)})
+    crd.kubectl(
+        "patch", "-n", namespace, "encoderpool", "pool", "--subresource=status",
+        "--type=merge", "-p", body,
+    )  # fmt: skip
+    assert api.EncoderPool.from_object(_get(crd, namespace, "pool")).status == status
+    row = crd.kubectl("get", "-n", namespace, "epool", "pool", "--no-headers").split()
+    assert row[:6] == ["pool", "/models/tiny", "sharedVolume", "1/2", "1/1", "False"]
+    # Conditions are a map keyed by type: a second Ready is refused.
+    twice = json.dumps(
+        {"status": {"conditions": [c.model_dump(mode="json") for c in conditions * 2]}}
+    )
+    with pytest.raises(RuntimeError, match=r"status\.conditions\[1\]: Duplicate value"):
+        crd.kubectl(
+            "patch", "-n", namespace, "encoderpool", "pool", "--subresource=status",
+            "--type=merge", "-p", twice,
+        )  # fmt: skip
+
+
+def test_explain_documents_the_fields(crd: LocalCluster) -> None:
+    out = crd.kubectl("explain", "encoderpool.spec.connector.sharedVolume")
+    assert "existingClaim" in out
+    assert "ReadWriteMany" in out
