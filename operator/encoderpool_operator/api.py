@@ -119,7 +119,7 @@ def parse_quantity(quantity: str | int) -> Decimal:
     if match is None or not re.match(QUANTITY_PATTERN, text):
         raise ValueError(f"{text!r} is not a Kubernetes quantity such as 10Gi or 500m")
     number, suffix = Decimal(match.group(1)), match.group(2) or ""
-    if suffix[:1] in ("e", "E"):
+    if len(suffix) > 1 and suffix[0] in "eE":  # an exponent; a lone E is exa
         return number * Decimal(10) ** Decimal(suffix[1:])
     return number * _QUANTITY_SUFFIX[suffix]
 
