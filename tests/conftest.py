@@ -14,7 +14,12 @@ from e2e.tiny_model import ensure_tiny_model
 from e2e.vllm_server import VllmServer, base_env, ec_transfer_config
 
 # Fixtures by area, one module each, so that parallel work does not collide here.
-pytest_plugins = ["tests.fixtures_cluster", "tests.fixtures_connector", "tests.fixtures_router"]
+pytest_plugins = [
+    "tests.fixtures_cluster",
+    "tests.fixtures_operator",
+    "tests.fixtures_connector",
+    "tests.fixtures_router",
+]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

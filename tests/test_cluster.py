@@ -220,3 +220,17 @@ def test_a_service_account_token_gets_only_what_its_role_allows(
         assert refused.returncode != 0
         assert "forbidden" in refused.stderr.lower()
         assert f"system:serviceaccount:{namespace}:reader" in refused.stderr
+
+
+def test_a_claim_of_the_default_class_binds(cluster: LocalCluster, namespace: str) -> None:
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    apply(cluster, claim, namespace)
+    wait_for(
+        "the claim to bind",
+        lambda: get(cluster, "pvc", "data", namespace)["status"].get("phase") == "Bound",
+    )

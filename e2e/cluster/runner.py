@@ -19,7 +19,13 @@ KWOK_STAGES = [
     "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
     "pod/fast/pod-ready.yaml",
     "pod/fast/pod-delete.yaml",
+    # PVCs of the default "kwok-volume" StorageClass get a (fake) PV and bind.
+    "volume/fast/pvc-provision.yaml",
+    "volume/fast/pv-bind.yaml",
+    "volume/fast/pv-delete.yaml",
+    "volume/fast/pvc-delete.yaml",
 ]
+STORAGE_CLASS = "volume/fast/storage-class.yaml"
 # Set on a Running pod to end it; see stages/pod-exit.yaml.
 EXIT_CODE_ANNOTATION = "kwok.encoderpool.io/exit-code"
 COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
@@ -209,6 +215,7 @@ class LocalCluster:
             f"--server-address=127.0.0.1:{_free_port()}",
             *[f"--config={s}" for s in stages],
         )  # fmt: skip
+        self.kubectl("apply", "-f", str(self.bins / "kwok-stages" / STORAGE_CLASS))
         for i in range(self.nodes):
             self.kubectl("apply", "-f", "-", input=json.dumps(_node(f"kwok-node-{i}")))
         self.kubectl("wait", "--for=condition=Ready", "node", "--all", f"--timeout={int(timeout)}s")

@@ -1,0 +1,149 @@
+"""Play kubelet for chosen pods: run a pod's container command as a local process.
+
+kwok makes pods Running but runs nothing. When a test needs what a pod would
+do (the width Job's pod measuring a real model and writing a ConfigMap), this
+runs the pod's own command, args and env on this machine, as the pod's own
+ServiceAccount (a TokenRequest token in a kubeconfig, so its RBAC is what is
+tested), and then reports the exit code to kwok, which moves the pod to
+Succeeded or Failed for the Job controller to see.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from e2e.cluster.runner import EXIT_CODE_ANNOTATION, LocalCluster
+
+
+@dataclass(frozen=True)
+class PodRun:
+    pod: str
+    argv: list[str]
+    returncode: int
+    output: str
+
+
+def service_account_kubeconfig(
+    cluster: LocalCluster, namespace: str, service_account: str, out: Path
+) -> Path:
+    """A kubeconfig that authenticates as ``namespace/service_account`` (TokenRequest)."""
+    token = cluster.kubectl(
+        "create", "token", service_account, "-n", namespace, "--duration=1h"
+    ).strip()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "local",
+                "cluster": {
+                    "server": cluster.server,
+                    "certificate-authority": str(cluster.pki / "ca.crt"),
+                },
+            }
+        ],
+        "users": [{"name": service_account, "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "sa",
+                "context": {"cluster": "local", "user": service_account, "namespace": namespace},
+            }
+        ],
+        "current-context": "sa",
+    }
+    out.write_text(json.dumps(config))
+    out.chmod(0o600)
+    return out
+
+
+def local_argv(container: dict[str, Any]) -> list[str]:
+    """The container's command, with ``python`` as this interpreter (it has the packages)."""
+    argv = [*container.get("command", []), *container.get("args", [])]
+    if argv and argv[0] in {"python", "python3"}:
+        argv[0] = sys.executable
+    return argv
+
+
+def local_env(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """The container's literal env plus the downward-API fields the operator uses."""
+    env = dict(os.environ)
+    env.pop("KUBERNETES_SERVICE_HOST", None)  # never in-cluster here: use the kubeconfig
+    fields = {
+        "metadata.namespace": pod["metadata"]["namespace"],
+        "metadata.name": pod["metadata"]["name"],
+    }
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif ref := item.get("valueFrom", {}).get("fieldRef"):
+            env[item["name"]] = fields[ref["fieldPath"]]
+    return env
+
+
+def run_pods(
+    cluster: LocalCluster,
+    namespace: str,
+    selector: str,
+    workdir: Path,
+    count: int = 1,
+    timeout: float = 300.0,
+    extra_env: dict[str, str] | None = None,
+) -> list[PodRun]:
+    """Wait for ``count`` Running pods matching ``selector``, run each once, report exits."""
+    done: list[PodRun] = []
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while len(done) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(done)} of {count} pods ({selector}) ran in {timeout}s")
+        pods = json.loads(
+            cluster.kubectl(
+                "get",
+                "pods",
+                "-n",
+                namespace,
+                "-l",
+                selector,
+                "--field-selector=status.phase=Running",
+                "-o",
+                "json",
+            )
+        )["items"]
+        fresh = [
+            p
+            for p in pods
+            if p["metadata"]["name"] not in seen
+            and EXIT_CODE_ANNOTATION not in p["metadata"].get("annotations", {})
+        ]
+        if not fresh:
+            time.sleep(0.5)
+            continue
+        pod = fresh[0]
+        name = pod["metadata"]["name"]
+        seen.add(name)
+        container = pod["spec"]["containers"][0]
+        env = local_env(pod, container)
+        sa = pod["spec"].get("serviceAccountName", "default")
+        env["KUBECONFIG"] = str(
+            service_account_kubeconfig(cluster, namespace, sa, workdir / f"{name}.kubeconfig")
+        )
+        env.update(extra_env or {})
+        argv = local_argv(container)
+        res = subprocess.run(
+            argv,
+            env=env,
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=max(1.0, deadline - time.monotonic()),
+        )
+        done.append(PodRun(name, argv, res.returncode, res.stdout + res.stderr))
+        cluster.finish_pod(namespace, name, res.returncode)
+    return done

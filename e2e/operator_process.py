@@ -1,0 +1,68 @@
+"""Run the operator (``kopf run``) as a local process against a cluster, stopped by PID."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class OperatorProcess:
+    """One operator watching ``namespace`` (or all namespaces when None)."""
+
+    kubeconfig: Path
+    log_path: Path
+    namespace: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        scope = ["--namespace", self.namespace] if self.namespace else ["--all-namespaces"]
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "ENCODERPOOL_KUBECONFIG": str(self.kubeconfig),
+            "PYTHONPATH": os.pathsep.join(
+                [str(REPO / "operator"), str(REPO / "connector"), str(REPO)]
+            ),
+            "PYTHONUNBUFFERED": "1",
+            **self.env,
+        }
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kopf", "run", "--standalone", "--verbose",
+                 "-m", "encoderpool_operator.handlers", *scope],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        return self
+
+    def stop(self, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL, to test a crash) the process group we started."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+        self.proc = None
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,104 @@
+"""kopf wiring: thin adapters from kopf's triggers to ``reconcile.reconcile``.
+
+The pool's own changes, its children's events and a periodic resync all run
+the same level-triggered pass; a per-pool lock keeps two passes from
+interleaving. Run with ``kopf run -m encoderpool_operator.handlers``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import Any
+
+import kopf
+
+from encoderpool_operator import render
+from encoderpool_operator.api import GROUP, PLURAL, VERSION
+from encoderpool_operator.kube import Kube
+from encoderpool_operator.reconcile import invalid_status, reconcile, write_status
+from encoderpool_operator.settings import OperatorSettings
+
+_CHILD_LABELS = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
+_SETTINGS = OperatorSettings()  # read once, at start-up
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """All kopf settings in one place; the API client and locks live in ``memo``."""
+    from kubernetes import client, config
+
+    ours = _SETTINGS
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.posting.level = logging.INFO
+    if ours.kubeconfig:
+        api = config.new_client_from_config(config_file=ours.kubeconfig)
+    else:
+        config.load_incluster_config()
+        api = client.ApiClient()
+    memo.kube = Kube(api)
+    memo.defaults = render.Defaults(router_image=ours.router_image)
+    memo.locks = defaultdict(threading.Lock)
+
+
+def _pass(body: kopf.Body | dict[str, Any], memo: kopf.Memo, logger: Any, requeue: bool) -> None:
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    now = datetime.now(timezone.utc)
+    with memo.locks[key]:
+        # Children's events carry a stale copy: read the pool afresh.
+        pool = memo.kube.get(f"{GROUP}/{VERSION}", "EncoderPool", *key)
+        if pool is None or pool["metadata"].get("deletionTimestamp"):
+            return
+        try:
+            outcome = reconcile(memo.kube, pool, memo.defaults, now)
+        except ValueError as e:
+            status = invalid_status(pool, str(e), now)
+            write_status(memo.kube, *key, pool.get("status") or {}, status)
+            kopf.warn(pool, reason="InvalidSpec", message=str(e))
+            raise kopf.PermanentError(str(e)) from None
+    for type_, reason, message in outcome.transitions:
+        post = kopf.info if reason in ("Available", "Measured", "AllAvailable") else kopf.warn
+        post(pool, reason=reason, message=f"{type_}: {message}")
+    if outcome.applied:
+        logger.info("applied %s", ", ".join(outcome.applied))
+    if requeue and outcome.requeue_after is not None:
+        raise kopf.TemporaryError("waiting", delay=outcome.requeue_after)
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def pool_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    _pass(body, memo, logger, requeue=True)
+
+
+@kopf.timer(
+    GROUP,
+    VERSION,
+    PLURAL,
+    interval=_SETTINGS.resync_seconds,
+    initial_delay=_SETTINGS.resync_seconds,
+)
+def resync(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """Level-triggered safety net: drift, missed events, elapsed back-offs."""
+    _pass(body, memo, logger, requeue=False)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=_CHILD_LABELS)
+@kopf.on.event("batch", "v1", "jobs", labels=_CHILD_LABELS)
+def child_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """A child moved (rollout progress, Job finished): reconcile its pool."""
+    labels = body.get("metadata", {}).get("labels", {})
+    pool = labels.get(render.LABEL_POOL)
+    if pool:
+        owner = {"metadata": {"namespace": body["metadata"]["namespace"], "name": pool}}
+        _pass(owner, memo, logger, requeue=False)

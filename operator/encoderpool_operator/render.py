@@ -1,0 +1,586 @@
+"""Pure functions from an EncoderPool (plus what was measured) to the objects it needs.
+
+No I/O here: the reconcile applies what these return, and tests read them
+directly. Every child has a fixed name derived from the pool's, the pool as
+its controller owner (so deleting the pool deletes them), the
+``app.kubernetes.io/*`` labels, and only the fields we mean to own (they are
+server-side applied).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.report import (
+    LABEL_FINGERPRINT,
+    ModelIdentity,
+    WidthReport,
+    configmap_name,
+)
+
+from encoderpool_operator.api import (
+    API_VERSION,
+    KIND,
+    EncoderPool,
+    ResourceRequirements,
+    RoleSpec,
+)
+
+# Out-of-tree connector classes, one per transport (a unique name each: vLLM's
+# factory looks its built-ins up first).
+CONNECTOR_MODULES = {
+    "sharedVolume": ("EncoderPoolSharedVolumeConnector", "encoderpool_connector.shared_volume"),
+    "rdma": ("EncoderPoolNixlConnector", "encoderpool_connector.rdma"),
+}
+HTTP_PORT = 8000
+LABEL_POOL = "encoderpool.io/pool"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+ANNOTATION_CONFIG_HASH = "encoderpool.io/config-hash"
+MANAGED_BY = "encoderpool-operator"
+PRODUCER, CONSUMER, ROUTER, WIDTH_JOB = "producer", "consumer", "router", "width-job"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Operator-wide settings the rendering needs (from OperatorSettings)."""
+
+    router_image: str
+    vllm_version: str = "0.32.0"
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def selector_labels(pool: EncoderPool, component: str) -> dict[str, str]:
+    """Labels that select a component's pods; they never change for a pool."""
+    return {
+        "app.kubernetes.io/name": "encoderpool",
+        "app.kubernetes.io/instance": pool.name,
+        LABEL_COMPONENT: component,
+    }
+
+
+def labels(pool: EncoderPool, component: str) -> dict[str, str]:
+    return {
+        **selector_labels(pool, component),
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/part-of": "encoderpool",
+        LABEL_POOL: pool.name,
+    }
+
+
+def owner_reference(pool: EncoderPool) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": pool.name,
+        "uid": pool.metadata["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(pool: EncoderPool, name: str, component: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": pool.namespace,
+        "labels": labels(pool, component),
+        "ownerReferences": [owner_reference(pool)],
+        **extra,
+    }
+
+
+def name_of(pool: EncoderPool, component: str) -> str:
+    """Fixed child names: <pool>-producer, <pool>-consumer, <pool>-router; the Service is <pool>."""
+    return f"{pool.name}-{component}"
+
+
+def width_job_name(pool: EncoderPool, fingerprint: str) -> str:
+    return f"{pool.name}-width-{fingerprint[:10]}"
+
+
+def _resources(res: ResourceRequirements | None) -> dict[str, Any]:
+    if res is None:
+        return {}
+    out: dict[str, Any] = {}
+    if res.requests:
+        out["requests"] = dict(res.requests)
+    if res.limits:
+        out["limits"] = dict(res.limits)
+    return out
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Maps merge key by key; anything else in ``override`` replaces (podTemplate semantics)."""
+    out = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def config_hash(*parts: Any) -> str:
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+_RESTRICTED_CONTAINER: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+_RESTRICTED_POD: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+# ------------------------------------------------------------ vLLM workloads
+
+
+def ec_transfer_config(pool: EncoderPool, config: ConnectorConfig, role: str) -> str:
+    """The ``--ec-transfer-config`` JSON; producer and consumer differ only in ec_role."""
+    connector, module = CONNECTOR_MODULES[config.transport]
+    return json.dumps(
+        {
+            "ec_connector": connector,
+            "ec_connector_module_path": module,
+            "ec_role": "ec_producer" if role == PRODUCER else "ec_consumer",
+            "ec_connector_extra_config": config.to_extra_config(),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def vllm_args(pool: EncoderPool, role: str, config: ConnectorConfig) -> list[str]:
+    """`vllm serve` arguments of one role: typed fields first, the user's extras last."""
+    spec = pool.spec
+    role_spec = spec.producer if role == PRODUCER else spec.consumer
+    args = [
+        "serve", spec.model.name,
+        "--served-model-name", spec.served_model_name(),
+        "--host", "0.0.0.0",
+        "--port", str(HTTP_PORT),
+        "--dtype", spec.model.dtype,
+        "--tensor-parallel-size", str(role_spec.tensor_parallel_size),
+    ]  # fmt: skip
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    if spec.model.limit_mm_per_prompt:
+        args += [
+            "--limit-mm-per-prompt",
+            json.dumps(dict(spec.model.limit_mm_per_prompt), sort_keys=True),
+        ]
+    args += ["--ec-transfer-config", ec_transfer_config(pool, config, role)]
+    args += list(spec.model.extra_args)
+    return args
+
+
+def _rdma_bits(pool: EncoderPool) -> tuple[dict[str, str], list[dict[str, str]], dict[str, Any]]:
+    """Pod annotations, env and resource additions for the rdma transport."""
+    rdma = pool.spec.connector.rdma
+    if rdma is None:
+        return {}, [], {}
+    annotations = {}
+    if rdma.networks:
+        annotations["k8s.v1.cni.cncf.io/networks"] = ",".join(rdma.networks)
+    env = [{"name": "UCX_TLS", "value": rdma.ucx_transports}]
+    if rdma.ucx_net_devices:
+        env.append({"name": "UCX_NET_DEVICES", "value": rdma.ucx_net_devices})
+    extra: dict[str, Any] = {}
+    if rdma.resource_name:
+        extra = {rdma.resource_name: str(rdma.resource_count)}
+    return annotations, env, extra
+
+
+def vllm_deployment(pool: EncoderPool, role: str, config: ConnectorConfig) -> dict[str, Any]:
+    spec = pool.spec
+    role_spec: RoleSpec = spec.producer if role == PRODUCER else spec.consumer
+    pod_annotations, rdma_env, rdma_resources = _rdma_bits(pool)
+    resources = _resources(role_spec.resources)
+    for key in ("requests", "limits"):
+        if rdma_resources:
+            resources[key] = {**resources.get(key, {}), **rdma_resources}
+    env = [{"name": e.name, "value": e.value} for e in spec.model.env]
+    env += rdma_env
+    env += [
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        {"name": "DO_NOT_TRACK", "value": "1"},
+        {"name": "HOME", "value": "/home/vllm"},
+    ]
+    mounts = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "home", "mountPath": "/home/vllm"},
+    ]
+    shm: dict[str, Any] = {"medium": "Memory"}
+    rdma = spec.connector.rdma
+    if rdma is not None and rdma.shm_size:
+        shm["sizeLimit"] = rdma.shm_size
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": shm},
+        {"name": "home", "emptyDir": {}},
+    ]
+    shared = spec.connector.shared_volume
+    if shared is not None:
+        claim = shared.existing_claim or name_of(pool, "cache")
+        volumes.append({"name": "ec-cache", "persistentVolumeClaim": {"claimName": claim}})
+        mounts.append({"name": "ec-cache", "mountPath": shared.mount_path})
+    security: dict[str, Any] = copy.deepcopy(_RESTRICTED_CONTAINER)
+    if rdma is not None and rdma.ipc_lock:
+        # Registering memory with an RDMA NIC pins pages: the one capability RDMA needs.
+        security["capabilities"] = {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    container: dict[str, Any] = {
+        "name": "vllm",
+        "image": spec.image,
+        "command": ["vllm"],
+        "args": vllm_args(pool, role, config),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "volumeMounts": mounts,
+        "securityContext": security,
+        # Model load can take many minutes; readiness gates traffic, liveness restarts hangs.
+        "startupProbe": _http_probe(period=10, failures=180),
+        "readinessProbe": _http_probe(period=5, failures=3),
+        "livenessProbe": _http_probe(period=15, failures=4),
+    }
+    if resources:
+        container["resources"] = resources
+    if rdma is not None:
+        container["ports"].append(
+            {"name": "nixl", "containerPort": rdma.side_channel_port, "protocol": "TCP"}
+        )
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "securityContext": copy.deepcopy(_RESTRICTED_POD),
+        "automountServiceAccountToken": False,  # vLLM never talks to the API server
+        "enableServiceLinks": False,
+    }
+    if role_spec.node_selector:
+        pod_spec["nodeSelector"] = dict(role_spec.node_selector)
+    if role_spec.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in role_spec.tolerations
+        ]
+    if role_spec.affinity:
+        pod_spec["affinity"] = copy.deepcopy(role_spec.affinity)
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
+    template: dict[str, Any] = {
+        "metadata": {
+            "labels": labels(pool, role),
+            "annotations": {
+                **pod_annotations,
+                ANNOTATION_CONFIG_HASH: config_hash(container, pod_spec),
+            },
+        },
+        "spec": pod_spec,
+    }
+    if role_spec.pod_template:
+        template = deep_merge(template, role_spec.pod_template)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(pool, name_of(pool, role), role),
+        "spec": {
+            "replicas": role_spec.replicas,
+            "selector": {"matchLabels": selector_labels(pool, role)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": template,
+        },
+    }
+
+
+def _http_probe(period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }
+
+
+def service(
+    pool: EncoderPool, name: str, component: str, port: int, headless: bool = False
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "selector": selector_labels(pool, component),
+        "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+    }
+    if headless:
+        spec["clusterIP"] = "None"  # the router talks to each producer pod directly
+    elif component == ROUTER:
+        spec["type"] = pool.spec.router.service_type
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(pool, name, component),
+        "spec": spec,
+    }
+
+
+def cache_claim(pool: EncoderPool) -> dict[str, Any] | None:
+    """The ReadWriteMany PVC every vLLM pod mounts; None with an existing claim or rdma."""
+    shared = pool.spec.connector.shared_volume
+    if shared is None or shared.existing_claim or shared.size is None:
+        return None
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": shared.size}},
+    }
+    if shared.storage_class_name:
+        spec["storageClassName"] = shared.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(pool, name_of(pool, "cache"), "cache"),
+        "spec": spec,
+    }
+
+
+# -------------------------------------------------------------------- router
+
+
+def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]]:
+    """Router Deployment, its Service (the pool's endpoint) and least-privilege RBAC."""
+    router = pool.spec.router
+    if not router.enabled:
+        return []
+    name = name_of(pool, ROUTER)
+    rbac_meta = _meta(pool, name, ROUTER)
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": router.image or defaults.router_image,
+        "command": ["python", "-m", "encoderpool_connector.router"],
+        "args": [
+            "--producer-service",
+            name_of(pool, PRODUCER),
+            "--consumer-service",
+            name_of(pool, CONSUMER),
+            "--namespace",
+            pool.namespace,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(HTTP_PORT),
+            "--model",
+            pool.spec.served_model_name(),
+        ],
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "securityContext": {**copy.deepcopy(_RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},
+        "readinessProbe": _http_probe(period=5, failures=3),
+        "livenessProbe": _http_probe(period=15, failures=4),
+    }
+    if resources := _resources(router.resources):
+        container["resources"] = resources
+    if pool.spec.image_pull_policy:
+        container["imagePullPolicy"] = pool.spec.image_pull_policy
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": name,
+        "containers": [container],
+        "securityContext": copy.deepcopy(_RESTRICTED_POD),
+        "enableServiceLinks": False,
+    }
+    if pool.spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in pool.spec.image_pull_secrets]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": rbac_meta},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": rbac_meta,
+            # The router only follows its pool's backends.
+            "rules": [
+                {
+                    "apiGroups": ["discovery.k8s.io"],
+                    "resources": ["endpointslices"],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ],
+        },
+        _role_binding(pool, name, ROUTER),
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _meta(pool, name, ROUTER),
+            "spec": {
+                "replicas": router.replicas,
+                "selector": {"matchLabels": selector_labels(pool, ROUTER)},
+                "template": {"metadata": {"labels": labels(pool, ROUTER)}, "spec": pod_spec},
+            },
+        },
+        service(pool, pool.name, ROUTER, router.port),
+    ]
+
+
+def _role_binding(pool: EncoderPool, name: str, component: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(pool, name, component),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": pool.namespace}],
+    }
+
+
+def router_endpoint(pool: EncoderPool) -> str | None:
+    if not pool.spec.router.enabled:
+        return None
+    return f"http://{pool.name}.{pool.namespace}.svc:{pool.spec.router.port}"
+
+
+# ----------------------------------------------------------------- width Job
+
+
+def width_report_stub(pool: EncoderPool, fingerprint: str) -> dict[str, Any]:
+    """The report's ConfigMap, created empty by the operator so the Job's Role can name it.
+
+    It is not controlled by one pool: every pool that uses the report adds
+    itself as an owner, and the garbage collector removes it with the last.
+    """
+    owner = owner_reference(pool)
+    owner["controller"] = False
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": configmap_name(fingerprint),
+            "namespace": pool.namespace,
+            "labels": {
+                "app.kubernetes.io/name": "encoderpool",
+                LABEL_COMPONENT: "width-report",
+                "app.kubernetes.io/managed-by": MANAGED_BY,
+                LABEL_FINGERPRINT: fingerprint,
+            },
+            "ownerReferences": [owner],
+        },
+    }
+
+
+def measure_args(identity: ModelIdentity, namespace: str) -> list[str]:
+    """What the width Job runs: measure this identity, write the report's ConfigMap."""
+    return [
+        "-m", "encoderpool_connector.measure",
+        "--identity", identity.model_dump_json(),
+        "--configmap", configmap_name(identity.fingerprint()),
+        "--namespace", namespace,
+    ]  # fmt: skip
+
+
+def width_job_objects(
+    pool: EncoderPool, identity: ModelIdentity, fingerprint: str
+) -> list[dict[str, Any]]:
+    """ServiceAccount, a Role that can write only this report's ConfigMap, and the Job."""
+    spec = pool.spec
+    job = spec.width_job
+    name = width_job_name(pool, fingerprint)
+    sa_meta = _meta(pool, name, WIDTH_JOB)
+    resources = _resources(job.resources) or _resources(spec.producer.resources)
+    container: dict[str, Any] = {
+        "name": "measure",
+        "image": job.image or spec.image,
+        "command": ["python"],
+        "args": measure_args(identity, pool.namespace),
+        "env": [{"name": e.name, "value": e.value} for e in spec.model.env]
+        + [
+            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+            {"name": "HOME", "value": "/home/vllm"},
+        ],
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "home", "mountPath": "/home/vllm"},
+        ],
+        "securityContext": copy.deepcopy(_RESTRICTED_CONTAINER),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if resources:
+        container["resources"] = resources
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": name,
+        "restartPolicy": "Never",
+        "containers": [container],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            {"name": "home", "emptyDir": {}},
+        ],
+        "securityContext": copy.deepcopy(_RESTRICTED_POD),
+        "enableServiceLinks": False,
+    }
+    producer = spec.producer
+    if producer.node_selector:
+        pod_spec["nodeSelector"] = dict(producer.node_selector)
+    if producer.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in producer.tolerations
+        ]
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
+    job_labels = {**labels(pool, WIDTH_JOB), LABEL_FINGERPRINT: fingerprint}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": sa_meta},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": sa_meta,
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "resourceNames": [configmap_name(fingerprint)],
+                    "verbs": ["get", "patch"],
+                }
+            ],
+        },
+        _role_binding(pool, name, WIDTH_JOB),
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {**_meta(pool, name, WIDTH_JOB), "labels": job_labels},
+            "spec": {
+                "backoffLimit": job.backoff_limit,
+                "activeDeadlineSeconds": job.active_deadline_seconds,
+                "template": {"metadata": {"labels": job_labels}, "spec": pod_spec},
+            },
+        },
+    ]
+
+
+# -------------------------------------------------------------------- all
+
+
+def workload_objects(
+    pool: EncoderPool, report: WidthReport, defaults: Defaults
+) -> list[dict[str, Any]]:
+    """Everything that serves traffic, for a measured model: in apply order."""
+    config = pool.spec.connector_config(report.fingerprint, report.encoder_output_widths)
+    objects: list[dict[str, Any]] = []
+    if claim := cache_claim(pool):
+        objects.append(claim)
+    objects += [
+        service(pool, name_of(pool, PRODUCER), PRODUCER, HTTP_PORT, headless=True),
+        service(pool, name_of(pool, CONSUMER), CONSUMER, HTTP_PORT),
+        vllm_deployment(pool, PRODUCER, config),
+        vllm_deployment(pool, CONSUMER, config),
+    ]
+    objects += router_objects(pool, defaults)
+    return objects

@@ -1,0 +1,24 @@
+"""Operator-wide settings, from the environment (ENCODERPOOL_*), parsed once at start-up."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class OperatorSettings(BaseSettings):
+    """What the chart sets on the operator's Deployment; every value bounded."""
+
+    model_config = SettingsConfigDict(env_prefix="ENCODERPOOL_", frozen=True, extra="ignore")
+
+    router_image: str = Field(
+        default="ghcr.io/encoderpool/encoderpool-operator:0.1.0",
+        min_length=1,
+        description="Image of the per-pool router (the operator's own image has it).",
+    )
+    resync_seconds: float = Field(
+        default=60.0, ge=5, le=3600, description="How often every pool is reconciled anyway."
+    )
+    kubeconfig: str | None = Field(
+        default=None, description="Kubeconfig for running outside a cluster; in-cluster if unset."
+    )

@@ -1,0 +1,107 @@
+"""Fixtures for operator tests on the local control plane (registered in conftest)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from encoderpool_connector.report import DTYPE_BYTES, WidthReport
+from encoderpool_operator.api import EncoderPool
+
+from e2e.cluster import LocalCluster
+from e2e.operator_process import OperatorProcess
+
+REPO = Path(__file__).resolve().parent.parent
+CRD = REPO / "crds" / "encoderpool.io_encoderpools.yaml"
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: LocalCluster) -> str:
+    """The generated CRD, applied and Established."""
+    cluster.kubectl("apply", "--server-side", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/encoderpools.encoderpool.io")
+    return "encoderpools.encoderpool.io"
+
+
+@pytest.fixture
+def operator(
+    cluster: LocalCluster, crd: str, namespace: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[OperatorProcess]:
+    """The operator, as a local process watching the test's namespace."""
+    op = OperatorProcess(
+        cluster.kubeconfig,
+        tmp_path / "operator.log",
+        namespace=namespace,
+        env={"ENCODERPOOL_RESYNC_SECONDS": "5"},
+    ).start()
+    yield op
+    op.stop()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(f"\n===== operator log ({op.log_path}) =====\n{op.log_tail(150)}")
+
+
+def sample_pool(name: str = "tiny", model: str = "/models/tiny-qwen2vl") -> dict[str, Any]:
+    """examples/pool-shared-volume.yaml with another name and model path."""
+    pool = yaml.safe_load((REPO / "examples" / "pool-shared-volume.yaml").read_text())
+    pool = copy.deepcopy(pool)
+    pool["metadata"] = {"name": name}
+    pool["spec"]["model"]["name"] = model
+    return dict(pool)
+
+
+def report_for(pool: dict[str, Any], width: int = 128) -> WidthReport:
+    """A width report as the Job would write it for this pool (for tests that seed one)."""
+    parsed = EncoderPool.from_object({**pool, "metadata": {"name": pool["metadata"]["name"]}})
+    identity = parsed.spec.model_identity(parsed.spec.image)
+    dtype = parsed.spec.model.dtype
+    return WidthReport(
+        fingerprint=identity.fingerprint(),
+        identity=identity,
+        encoder_output_widths={"image": width},
+        hidden_size=width,
+        dtype=dtype,
+        bytes_per_token={"image": width * DTYPE_BYTES[dtype]},
+        max_tokens_per_item={"image": 64},
+        measured_at=datetime.now(timezone.utc),
+    )
+
+
+def seed_report(cluster: LocalCluster, namespace: str, report: WidthReport) -> None:
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": report.configmap_name, "namespace": namespace},
+        "data": report.to_configmap_data(),
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(cm))
+
+
+def get_json(cluster: LocalCluster, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json"))
+
+
+def wait_until(what: str, ok: Callable[[], Any], timeout: float = 90.0) -> Any:
+    """Poll ``ok`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = ok()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+def condition(pool: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for c in pool.get("status", {}).get("conditions", []):
+        if c["type"] == type_:
+            return dict(c)
+    return None
