@@ -63,7 +63,7 @@ def sv_config(root: Path, fingerprint: str, **settings: Any) -> dict[str, Any]:
         transport="sharedVolume",
         model_fingerprint=fingerprint,
         encoder_output_widths={"image": 128},
-        shared_volume=sv,  # type: ignore[arg-type]
+        shared_volume=sv,
     )
     return cfg.to_extra_config()
 

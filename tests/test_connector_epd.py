@@ -73,16 +73,12 @@ def pool(ep_servers: EpFactory, tiny_model: Path, tmp_path_factory: pytest.TempP
     base = tmp_path_factory.mktemp("epd")
     root = base / "volume" / "ec"
     extra = sv_config(root, tiny_fingerprint(tiny_model))
-    servers = [
-        ep_servers("mono", start=False),
-        ep_servers("producer", role="ec_producer", extra=extra, start=False),
-        ep_servers("consumer", role="ec_consumer", extra=extra, start=False),
-    ]
-    for s in servers:
-        s.start()
-    for s in servers:
+    mono = ep_servers("mono")
+    producer = ep_servers("producer", role="ec_producer", extra=extra)
+    consumer = ep_servers("consumer", role="ec_consumer", extra=extra)
+    for s in (mono, producer, consumer):
         s.wait_ready(300)
-    p = Pool(*servers, root=root)
+    p = Pool(mono, producer, consumer, root)
     p.fingerprint = extra["model_fingerprint"]
     return p
 

@@ -1,0 +1,206 @@
+"""The width Job: measure a model's encoder outputs the way the pool will serve it.
+
+    python -m encoderpool_connector.measure --model /models/x [--dtype bfloat16]
+        [--tensor-parallel-size N] [--limit-mm-per-prompt JSON] [--revision R]
+        [--output-file report.json] [--configmap-namespace NS [--kubeconfig PATH]]
+
+It starts the engine as an EC producer (encoder only, no KV cache), which
+makes vLLM encode a dummy item per modality and record each width, exactly as
+a producer pod does at start-up. It adds the LM hidden size, dtype, bytes per
+token and the most tokens one item can produce, fingerprints the model as
+served, and writes a ``WidthReport`` to a file and/or a ConfigMap (server-side
+apply). Exit codes: 0 ok, 2 bad arguments or model, 3 no multimodal encoder,
+4 Kubernetes refused or unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from encoderpool_connector.report import (
+    COMPONENT,
+    DTYPE_BYTES,
+    LABEL_COMPONENT,
+    LABEL_FINGERPRINT,
+    WidthReport,
+)
+
+logger = logging.getLogger("vllm.ext." + __name__)
+
+
+class MeasureError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m encoderpool_connector.measure", description=__doc__)
+    p.add_argument("--model", required=True, help="Model path or name, as given to vllm serve.")
+    p.add_argument("--revision", default=None)
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", type=int, default=1)
+    p.add_argument("--limit-mm-per-prompt", type=json.loads, default=None, help="JSON, as vLLM.")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.3,
+        help="vLLM's flag; low by default: measuring needs the weights and one dummy item only.",
+    )
+    p.add_argument("--output-file", type=Path, default=None, help="Write the report here.")
+    p.add_argument("--configmap-namespace", default=None, help="Apply the report's ConfigMap.")
+    p.add_argument("--kubeconfig", default=None, help="Else in-cluster config or $KUBECONFIG.")
+    args = p.parse_args(argv)
+    if args.output_file is None and args.configmap_namespace is None:
+        p.error("give --output-file and/or --configmap-namespace")
+    return args
+
+
+def engine_kwargs(args: argparse.Namespace, scratch: str) -> dict[str, Any]:
+    """What the pool's producers pass to vLLM, as an encoder-only producer."""
+    kw: dict[str, Any] = {
+        "model": args.model,
+        "revision": args.revision,
+        "dtype": args.dtype,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "pipeline_parallel_size": args.pipeline_parallel_size,
+        "enforce_eager": True,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "trust_remote_code": args.trust_remote_code,
+        # vLLM measures widths only for EC producers; the example connector writes
+        # nothing unless asked to encode, and never here.
+        "ec_transfer_config": {
+            "ec_connector": "ECExampleConnector",
+            "ec_role": "ec_producer",
+            "ec_connector_extra_config": {"shared_storage_path": scratch},
+        },
+    }
+    if args.limit_mm_per_prompt is not None:
+        kw["limit_mm_per_prompt"] = args.limit_mm_per_prompt
+    if args.max_model_len is not None:
+        kw["max_model_len"] = args.max_model_len
+    return kw
+
+
+def check_model(args: argparse.Namespace, kw: dict[str, Any]) -> Any:
+    """The model config, or MeasureError for a missing model or one without an encoder."""
+    looks_local = args.model.startswith(("/", "./", "../", "~"))
+    if looks_local and not Path(args.model).expanduser().exists():
+        raise MeasureError(2, f"--model: {args.model} does not exist")
+    from vllm.engine.arg_utils import EngineArgs
+
+    plain = {k: v for k, v in kw.items() if k != "ec_transfer_config"}
+    try:
+        # Without the EC config: vLLM's own message for a text-only producer is less clear.
+        model_config = EngineArgs(**plain).create_model_config()
+    except Exception as e:
+        raise MeasureError(2, f"--model: vLLM cannot load {args.model}: {e}") from None
+    if not model_config.is_multimodal_model:
+        raise MeasureError(
+            3, f"--model: {args.model} has no multimodal encoder; there is nothing to measure"
+        )
+    return model_config
+
+
+def measure(args: argparse.Namespace) -> WidthReport:
+    # In-process engine core: vLLM records the widths on the very config we hold.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    with tempfile.TemporaryDirectory(prefix="ep-measure-") as scratch:
+        kw = engine_kwargs(args, scratch)
+        check_model(args, kw)
+        from vllm import LLM
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+        from vllm.multimodal.encoder_budget import MultiModalBudget
+
+        from encoderpool_connector.identity import identity_from_vllm_config
+
+        try:
+            llm = LLM(**kw)
+        except Exception as e:
+            raise MeasureError(2, f"vLLM could not start {args.model}: {e}") from None
+        vllm_config = llm.llm_engine.vllm_config
+        widths = dict(vllm_config.ec_transfer_config.mm_encoder_output_widths or {})
+        if not widths:
+            from vllm.distributed.ec_transfer.ec_connector.encoder_output_width import (
+                _measure_on_worker,
+            )
+
+            reports = [w for w in llm.collective_rpc(_measure_on_worker) if w]
+            widths = dict(reports[0]) if reports else {}
+        if not widths:
+            raise MeasureError(3, f"--model: {args.model} encoded no dummy multimodal item")
+        budget = MultiModalBudget(vllm_config, MULTIMODAL_REGISTRY, enable_cache=False)
+        max_tokens = {m: int(n) for m, n in budget.mm_max_toks_per_item.items() if m in widths}
+        identity = identity_from_vllm_config(vllm_config)
+        elem = DTYPE_BYTES[identity.dtype]
+        return WidthReport(
+            fingerprint=identity.fingerprint(),
+            identity=identity,
+            encoder_output_widths={m: int(w) for m, w in widths.items()},
+            hidden_size=int(vllm_config.model_config.get_hidden_size()),
+            dtype=identity.dtype,
+            bytes_per_token={m: int(w) * elem for m, w in widths.items()},
+            max_tokens_per_item=max_tokens,
+            measured_at=datetime.now(timezone.utc),
+        )
+
+
+def publish(report: WidthReport, args: argparse.Namespace) -> None:
+    if args.output_file is not None:
+        args.output_file.parent.mkdir(parents=True, exist_ok=True)
+        args.output_file.write_text(report.model_dump_json(indent=1))
+        print(f"wrote {args.output_file}", file=sys.stderr)
+    if args.configmap_namespace is not None:
+        from encoderpool_connector.kubeapi import KubeAPI, KubeAPIError
+
+        try:
+            api = KubeAPI.from_environment(args.kubeconfig)
+            api.apply_configmap(
+                args.configmap_namespace,
+                report.configmap_name,
+                report.to_configmap_data(),
+                {LABEL_FINGERPRINT: report.fingerprint, LABEL_COMPONENT: COMPONENT},
+            )
+        except KubeAPIError as e:
+            hint = (
+                " (grant this service account create/patch on configmaps)"
+                if e.status
+                in (
+                    401,
+                    403,
+                )
+                else ""
+            )
+            raise MeasureError(4, f"writing ConfigMap {report.configmap_name}: {e}{hint}") from None
+        except ValueError as e:
+            raise MeasureError(4, str(e)) from None
+        print(
+            f"applied ConfigMap {args.configmap_namespace}/{report.configmap_name}", file=sys.stderr
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        report = measure(args)
+        publish(report, args)
+    except MeasureError as e:
+        print(f"encoderpool measure: error: {e}", file=sys.stderr)
+        return e.code
+    print(report.model_dump_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
