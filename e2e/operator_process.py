@@ -62,6 +62,9 @@ class OperatorProcess:
             self.proc.wait(5)
         self.proc = None
 
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
     def log_tail(self, lines: int = 60) -> str:
         if not self.log_path.exists():
             return "(no log)"

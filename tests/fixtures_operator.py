@@ -36,10 +36,10 @@ def operator(
 ) -> Iterator[OperatorProcess]:
     """The operator, as a local process watching the test's namespace."""
     op = OperatorProcess(
-        cluster.kubeconfig,
+        cluster.operator_kubeconfig,
         tmp_path / "operator.log",
         namespace=namespace,
-        env={"ENCODERPOOL_RESYNC_SECONDS": "5"},
+        env={"ENCODERPOOL_RESYNC_SECONDS": "5", "ENCODERPOOL_WIDTH_RETRY_SECONDS": "2"},
     ).start()
     yield op
     op.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -64,3 +65,195 @@ def test_pool_with_measured_widths_becomes_ready(
         assert (owner["kind"], owner["name"], owner["controller"]) == ("EncoderPool", "tiny", True)
     headless = get_json(cluster, "service", "tiny-producer", "-n", namespace)
     assert headless["spec"]["clusterIP"] == "None"
+
+
+def _generation(cluster: LocalCluster, kind: str, name: str, namespace: str) -> int:
+    return int(get_json(cluster, kind, name, "-n", namespace)["metadata"]["generation"])
+
+
+def _patch_pool(cluster: LocalCluster, namespace: str, patch: dict[str, object]) -> None:
+    cluster.kubectl(
+        "patch", "encoderpool", "tiny", "-n", namespace, "--type=merge", "-p", json.dumps(patch)
+    )
+
+
+def test_a_resync_with_nothing_changed_writes_nothing(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    pool = sample_pool()
+    seed_report(cluster, namespace, report_for(pool))
+    apply_pool(cluster, namespace, pool)
+    ready_pool(cluster, namespace)
+    time.sleep(3)  # let the last child events settle
+    before = len(cluster.audit_events(namespace=namespace))
+    resyncs = operator.log_text().count("Timer 'resync' succeeded")
+    wait_until(
+        "two more resync passes",
+        lambda: operator.log_text().count("Timer 'resync' succeeded") >= resyncs + 2,
+        timeout=30,
+    )
+    writes = cluster.audit_events(namespace=namespace)[before:]
+    assert [
+        (e["verb"], e["objectRef"].get("resource"), e["objectRef"].get("name")) for e in writes
+    ] == []
+    assert before > 0  # the audit log does see this operator's writes
+
+
+def test_scaling_changes_only_replicas(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    pool = sample_pool()
+    seed_report(cluster, namespace, report_for(pool))
+    apply_pool(cluster, namespace, pool)
+    ready_pool(cluster, namespace)
+    producer_gen = _generation(cluster, "deployment", "tiny-producer", namespace)
+    template = get_json(cluster, "deployment", "tiny-consumer", "-n", namespace)["spec"]["template"]
+    _patch_pool(cluster, namespace, {"spec": {"consumer": {"replicas": 3}}})
+
+    def scaled() -> bool:
+        pool = get_json(cluster, "encoderpool", "tiny", "-n", namespace)
+        cond = condition(pool, "Ready")
+        return bool(
+            pool["status"]["consumers"]["summary"] == "3/3" and cond and cond["status"] == "True"
+        )
+
+    wait_until("3/3 consumers and Ready", scaled)
+    consumer = get_json(cluster, "deployment", "tiny-consumer", "-n", namespace)
+    assert consumer["spec"]["replicas"] == 3
+    assert consumer["spec"]["template"] == template  # no rollout, only more pods
+    assert _generation(cluster, "deployment", "tiny-producer", namespace) == producer_gen
+
+
+def test_a_model_change_measures_first_then_rolls_both_roles(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    pool = sample_pool()
+    seed_report(cluster, namespace, report_for(pool))
+    apply_pool(cluster, namespace, pool)
+    ready_pool(cluster, namespace)
+    _patch_pool(cluster, namespace, {"spec": {"model": {"name": "/models/other"}}})
+
+    def measuring() -> bool:
+        got = get_json(cluster, "encoderpool", "tiny", "-n", namespace)
+        cond = condition(got, "WidthsMeasured")
+        return bool(cond and cond["reason"] == "Measuring")
+
+    wait_until("WidthsMeasured=False/Measuring", measuring)
+    jobs = get_json(cluster, "jobs", "-n", namespace, "-l", "app.kubernetes.io/component=width-job")
+    assert len(jobs["items"]) == 1
+    for role in ("producer", "consumer"):  # nothing rolls before the new widths are known
+        args = get_json(cluster, "deployment", f"tiny-{role}", "-n", namespace)["spec"]["template"][
+            "spec"
+        ]["containers"][0]["args"]
+        assert "/models/tiny-qwen2vl" in args
+    changed = sample_pool(model="/models/other")
+    seed_report(cluster, namespace, report_for(changed, width=256))
+    # The width Job's pod ends (its report is in place), which wakes the operator.
+    pod = wait_until(
+        "the width Job's pod",
+        lambda: get_json(
+            cluster, "pods", "-n", namespace, "-l", "app.kubernetes.io/component=width-job"
+        )["items"],
+    )[0]["metadata"]["name"]
+    cluster.finish_pod(namespace, pod, 0)
+
+    def rolled() -> bool:
+        got = get_json(cluster, "encoderpool", "tiny", "-n", namespace)
+        cond = condition(got, "Ready")
+        return bool(
+            got["status"].get("encoderOutputWidths") == {"image": 256}
+            and cond
+            and cond["status"] == "True"
+        )
+
+    wait_until("Ready with the new widths", rolled)
+    for role in ("producer", "consumer"):
+        args = get_json(cluster, "deployment", f"tiny-{role}", "-n", namespace)["spec"]["template"][
+            "spec"
+        ]["containers"][0]["args"]
+        assert "/models/other" in args
+        config = json.loads(args[args.index("--ec-transfer-config") + 1])
+        extra = config["ec_connector_extra_config"]
+        assert extra["encoder_output_widths"] == {"image": 256}
+        assert extra["model_fingerprint"] == report_for(changed).fingerprint
+
+
+def test_a_deleted_pool_leaves_nothing_behind(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    pool = sample_pool()
+    seed_report(cluster, namespace, report_for(pool))
+    apply_pool(cluster, namespace, pool)
+    ready_pool(cluster, namespace)
+    cluster.kubectl("delete", "encoderpool", "tiny", "-n", namespace, "--timeout=60s")
+    kinds = "deployments,services,pvc,configmaps,jobs,serviceaccounts,roles,rolebindings,pods"
+
+    def empty() -> bool:
+        out = cluster.kubectl(
+            "get", kinds, "-n", namespace, "-l", "app.kubernetes.io/name=encoderpool", "-o", "name"
+        )
+        return out.strip() == ""
+
+    wait_until("every child (and the width report) to be garbage-collected", empty)
+
+
+def test_a_failed_width_job_is_a_condition_and_is_retried(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    pool = sample_pool()
+    pool["spec"]["widthJob"] = {"backoffLimit": 0, "activeDeadlineSeconds": 600}
+    apply_pool(cluster, namespace, pool)
+    selector = "app.kubernetes.io/component=width-job"
+    first = wait_until(
+        "the width Job's pod",
+        lambda: get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"],
+    )[0]
+    cluster.finish_pod(namespace, first["metadata"]["name"], 1)
+
+    def failed() -> dict[str, object] | None:
+        got = get_json(cluster, "encoderpool", "tiny", "-n", namespace)
+        cond = condition(got, "WidthsMeasured")
+        return cond if cond and cond["reason"] == "WidthJobFailed" else None
+
+    cond = wait_until("WidthsMeasured=False/WidthJobFailed", failed)
+    assert cond["status"] == "False"
+    assert "BackoffLimitExceeded" in str(cond["message"])
+    assert "tiny-width-" in str(cond["message"])
+    ready = condition(get_json(cluster, "encoderpool", "tiny", "-n", namespace), "Ready")
+    assert ready is not None
+    assert ready["status"] == "False"
+
+    # After the back-off the Job runs again; this time it measures.
+    def second_pod() -> list[dict[str, object]]:
+        pods = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+        return [
+            p
+            for p in pods
+            if p["metadata"]["uid"] != first["metadata"]["uid"]
+            and p["status"].get("phase") == "Running"
+        ]
+
+    retry = wait_until("a second width Job pod", second_pod, timeout=60)[0]
+    seed_report(cluster, namespace, report_for(pool))
+    cluster.finish_pod(namespace, retry["metadata"]["name"], 0)
+    ready_pool(cluster, namespace)
+
+
+def test_an_operator_killed_mid_measurement_converges_when_restarted(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    pool = sample_pool()
+    apply_pool(cluster, namespace, pool)
+    selector = "app.kubernetes.io/component=width-job"
+    pod = wait_until(
+        "the width Job's pod",
+        lambda: get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"],
+    )[0]
+    operator.stop(kill=True)  # mid-measurement: the Job runs on without it
+    seed_report(cluster, namespace, report_for(pool))
+    cluster.finish_pod(namespace, pod["metadata"]["name"], 0)
+    operator.start()
+    got = ready_pool(cluster, namespace)
+    jobs = get_json(cluster, "jobs", "-n", namespace, "-l", selector)["items"]
+    assert len(jobs) == 1  # the restarted operator adopted the running Job, made no second
+    assert got["status"]["encoderOutputWidths"] == {"image": 128}  # type: ignore[index]

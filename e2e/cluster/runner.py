@@ -11,6 +11,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 # The stock kwok stages we use (from the kwok module), plus our own pod-exit.
@@ -26,6 +27,18 @@ KWOK_STAGES = [
     "volume/fast/pvc-delete.yaml",
 ]
 STORAGE_CLASS = "volume/fast/storage-class.yaml"
+OPERATOR_USER = "encoderpool-operator"
+# Every write is audited (reads are not), so tests can count a client's writes.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "verbs": ["get", "list", "watch"]},
+        {"level": "Metadata"},
+    ],
+}
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 # Set on a Running pod to end it; see stages/pod-exit.yaml.
 EXIT_CODE_ANNOTATION = "kwok.encoderpool.io/exit-code"
 COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
@@ -70,6 +83,9 @@ def make_pki(d: Path) -> None:
     for name, subj, ext in [
         ("apiserver", "/CN=kube-apiserver", "server.ext"),
         ("admin", "/O=system:masters/CN=admin", "client.ext"),
+        # The operator under test gets a user of its own, so the audit log tells
+        # its requests from the test's (see LocalCluster.audit_events).
+        (OPERATOR_USER, f"/O=system:masters/CN={OPERATOR_USER}", "client.ext"),
     ]:
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
                  "-out", f"{name}.csr", "-subj", subj, cwd=d)  # fmt: skip
@@ -83,7 +99,7 @@ def make_pki(d: Path) -> None:
     (d / "done").touch()
 
 
-def write_kubeconfig(path: Path, pki: Path, port: int) -> None:
+def write_kubeconfig(path: Path, pki: Path, port: int, user: str = "admin") -> None:
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -98,14 +114,14 @@ def write_kubeconfig(path: Path, pki: Path, port: int) -> None:
         ],
         "users": [
             {
-                "name": "admin",
+                "name": user,
                 "user": {
-                    "client-certificate": str(pki / "admin.crt"),
-                    "client-key": str(pki / "admin.key"),
+                    "client-certificate": str(pki / f"{user}.crt"),
+                    "client-key": str(pki / f"{user}.key"),
                 },
             }
         ],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
         "current-context": "local",
     }
     path.write_text(json.dumps(config, indent=1))  # JSON is YAML: kubectl and clients read it
@@ -125,6 +141,31 @@ class LocalCluster:
     @property
     def kubeconfig(self) -> Path:
         return self.state / "admin.kubeconfig"
+
+    @property
+    def operator_kubeconfig(self) -> Path:
+        """Kubeconfig of the user ``encoderpool-operator`` (cluster-admin, audited apart)."""
+        return self.state / "operator.kubeconfig"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.state / "audit.log"
+
+    def audit_events(self, user: str = OPERATOR_USER, namespace: str | None = None) -> list[Any]:
+        """Write requests by ``user`` (optionally in ``namespace``) so far, oldest first."""
+        events: list[Any] = []
+        if not self.audit_log.exists():
+            return events
+        for line in self.audit_log.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("stage") != "ResponseComplete" or event.get("verb") not in WRITE_VERBS:
+                continue
+            if event.get("user", {}).get("username") != user:
+                continue
+            if namespace and event.get("objectRef", {}).get("namespace") != namespace:
+                continue
+            events.append(event)
+        return events
 
     @property
     def pki(self) -> Path:
@@ -163,6 +204,8 @@ class LocalCluster:
         self.state.mkdir(parents=True, exist_ok=True)
         make_pki(self.pki)
         write_kubeconfig(self.kubeconfig, self.pki, self.port)
+        write_kubeconfig(self.operator_kubeconfig, self.pki, self.port, OPERATOR_USER)
+        (self.state / "audit-policy.json").write_text(json.dumps(AUDIT_POLICY))
         etcd_port, peer_port = _free_port(), _free_port()
         p = self.pki
         self._run(
@@ -191,6 +234,10 @@ class LocalCluster:
             # controller that creates each namespace's default ServiceAccount.
             "--disable-admission-plugins=ServiceAccount",
             "--enable-priority-and-fairness=false",
+            f"--audit-policy-file={self.state / 'audit-policy.json'}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
         )  # fmt: skip
         self._wait("kube-apiserver ready", lambda: self._readyz(), timeout)
         self._run(

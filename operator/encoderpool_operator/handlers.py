@@ -45,7 +45,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         config.load_incluster_config()
         api = client.ApiClient()
     memo.kube = Kube(api)
-    memo.defaults = render.Defaults(router_image=ours.router_image)
+    memo.defaults = render.Defaults(
+        router_image=ours.router_image, width_retry_seconds=ours.width_retry_seconds
+    )
     memo.locks = defaultdict(threading.Lock)
 
 

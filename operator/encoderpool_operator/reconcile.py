@@ -167,13 +167,18 @@ def _job_state(job: Mapping[str, Any] | None) -> tuple[str, str, str]:
     return "Running", "", ""
 
 
-def backoff_seconds(failures: int) -> float:
-    """30 s, 60 s, 120 s, ... capped at 10 minutes between width Job attempts."""
-    return float(min(600, 30 * 2 ** max(0, failures - 1)))
+def backoff_seconds(failures: int, base: float = 30.0) -> float:
+    """base, 2x base, 4x base, ... capped at 10 minutes between width Job attempts."""
+    return float(min(600.0, base * 2 ** max(0, failures - 1)))
 
 
 def _measure(
-    kube: Kube, pool: EncoderPool, fingerprint: str, now: datetime, outcome: Outcome
+    kube: Kube,
+    pool: EncoderPool,
+    fingerprint: str,
+    now: datetime,
+    outcome: Outcome,
+    retry_base: float,
 ) -> ConditionUpdate:
     """Run (or wait for, or retry) the width Job; the WidthsMeasured condition it implies."""
     gen = pool.generation
@@ -193,7 +198,7 @@ def _measure(
         failures = int(annotations.get(ANNOTATION_FAILURES, "0"))
         assert job is not None
         finished = _job_finished_at(job) or now
-        wait = backoff_seconds(failures + 1) - (now - finished).total_seconds()
+        wait = backoff_seconds(failures + 1, retry_base) - (now - finished).total_seconds()
         text = (
             f"width Job {job_name} failed ({reason or 'Failed'}): {message or 'see its pod'}; "
             f"attempt {failures + 1}"
@@ -349,7 +354,9 @@ def reconcile(
         "router_endpoint": render.router_endpoint(pool),
     }
     if report is None:
-        updates.append(_measure(kube, pool, fingerprint, now, outcome))
+        updates.append(
+            _measure(kube, pool, fingerprint, now, outcome, defaults.width_retry_seconds)
+        )
     else:
         _adopt_report(kube, pool, fingerprint, outcome)
         updates.append(

@@ -48,10 +48,10 @@ PRODUCER, CONSUMER, ROUTER, WIDTH_JOB = "producer", "consumer", "router", "width
 
 @dataclass(frozen=True)
 class Defaults:
-    """Operator-wide settings the rendering needs (from OperatorSettings)."""
+    """Operator-wide settings a reconcile needs (from OperatorSettings)."""
 
     router_image: str
-    vllm_version: str = "0.32.0"
+    width_retry_seconds: float = 30.0  # first back-off after a failed width Job
 
 
 # ------------------------------------------------------------------ helpers

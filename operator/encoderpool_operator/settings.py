@@ -19,6 +19,9 @@ class OperatorSettings(BaseSettings):
     resync_seconds: float = Field(
         default=60.0, ge=5, le=3600, description="How often every pool is reconciled anyway."
     )
+    width_retry_seconds: float = Field(
+        default=30.0, ge=1, le=600, description="First back-off after a failed width Job."
+    )
     kubeconfig: str | None = Field(
         default=None, description="Kubeconfig for running outside a cluster; in-cluster if unset."
     )
