@@ -28,12 +28,15 @@ KWOK_STAGES = [
 ]
 STORAGE_CLASS = "volume/fast/storage-class.yaml"
 OPERATOR_USER = "encoderpool-operator"
-# Every write is audited (reads are not), so tests can count a client's writes.
+# Every write is audited, and every request of the operator's user and of
+# ServiceAccounts (reads too), so tests can see what a client really uses.
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
     "omitStages": ["RequestReceived"],
     "rules": [
+        {"level": "Metadata", "users": ["encoderpool-operator"]},
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
         {"level": "None", "verbs": ["get", "list", "watch"]},
         {"level": "Metadata"},
     ],
@@ -151,14 +154,21 @@ class LocalCluster:
     def audit_log(self) -> Path:
         return self.state / "audit.log"
 
-    def audit_events(self, user: str = OPERATOR_USER, namespace: str | None = None) -> list[Any]:
-        """Write requests by ``user`` (optionally in ``namespace``) so far, oldest first."""
+    def audit_events(
+        self, user: str = OPERATOR_USER, namespace: str | None = None, writes_only: bool = True
+    ) -> list[Any]:
+        """Requests by ``user`` (optionally in ``namespace``) so far, oldest first.
+
+        Reads are recorded only for the operator's user and ServiceAccounts.
+        """
         events: list[Any] = []
         if not self.audit_log.exists():
             return events
         for line in self.audit_log.read_text().splitlines():
             event = json.loads(line)
-            if event.get("stage") != "ResponseComplete" or event.get("verb") not in WRITE_VERBS:
+            if event.get("stage") not in ("ResponseComplete", "ResponseStarted"):
+                continue
+            if writes_only and event.get("verb") not in WRITE_VERBS:
                 continue
             if event.get("user", {}).get("username") != user:
                 continue
