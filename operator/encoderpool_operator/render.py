@@ -381,8 +381,6 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
             "0.0.0.0",
             "--port",
             str(HTTP_PORT),
-            "--model",
-            pool.spec.served_model_name(),
         ],
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
         "securityContext": {**copy.deepcopy(_RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},

@@ -1,0 +1,139 @@
+"""Rendering is pure, and what it renders parses on the other side of each contract:
+vLLM's ECTransferConfig and our ConnectorConfig (the vLLM pods), the router's
+flags (the router pod)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.router.config import parse_settings
+from encoderpool_operator import render
+from encoderpool_operator.api import EncoderPool
+
+from tests.fixtures_operator import report_for
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULTS = render.Defaults(router_image="example.invalid/encoderpool-operator:test")
+
+
+def load(example: str, **meta: Any) -> EncoderPool:
+    obj = yaml.safe_load((REPO / "examples" / example).read_text())
+    obj["metadata"] = {"name": "pool", "namespace": "ml", "uid": "u-1", "generation": 1, **meta}
+    return EncoderPool.from_object(obj)
+
+
+def children(pool: EncoderPool, width: int = 128) -> dict[str, dict[str, Any]]:
+    raw = pool.model_dump(by_alias=True, exclude={"status"})
+    report = report_for(raw, width)
+    return {
+        f"{o['kind']}/{o['metadata']['name']}": o
+        for o in render.workload_objects(pool, report, DEFAULTS)
+    }
+
+
+def container(objs: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+    return dict(objs[f"Deployment/{name}"]["spec"]["template"]["spec"]["containers"][0])
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+@pytest.mark.parametrize("example", ["pool-shared-volume.yaml", "pool-rdma.yaml"])
+def test_ec_transfer_config_parses_as_vllm_and_connector_config(example: str) -> None:
+    from vllm.config import ECTransferConfig
+
+    objs = children(load(example))
+    configs = {}
+    for role in ("producer", "consumer"):
+        raw = json.loads(flag(container(objs, f"pool-{role}")["args"], "--ec-transfer-config"))
+        vllm_config = ECTransferConfig(**raw)
+        assert vllm_config.ec_role == f"ec_{role}"
+        assert vllm_config.ec_connector_module_path is not None
+        configs[role] = ConnectorConfig.from_extra_config(vllm_config.ec_connector_extra_config)
+    assert configs["producer"] == configs["consumer"]  # the same config for both roles
+    assert configs["producer"].encoder_output_widths == {"image": 128}
+
+
+def test_the_router_accepts_the_flags_it_is_given() -> None:
+    objs = children(load("pool-shared-volume.yaml"))
+    c = container(objs, "pool-router")
+    assert c["command"] == ["python", "-m", "encoderpool_connector.router"]
+    settings = parse_settings(c["args"])
+    assert settings.producer_service == "pool-producer"
+    assert settings.consumer_service == "pool-consumer"
+    assert settings.namespace == "ml"
+
+
+def test_rendering_is_pure_and_changes_only_with_its_inputs() -> None:
+    pool = load("pool-shared-volume.yaml")
+    before = children(pool)
+    assert children(pool) == before
+    wider = children(pool, width=256)  # a new measurement changes the pods' config
+    assert container(wider, "pool-consumer")["args"] != container(before, "pool-consumer")["args"]
+    raw = pool.model_dump(by_alias=True, exclude={"status"})
+    raw["spec"]["consumer"]["replicas"] = 5
+    after = children(EncoderPool.from_object({**raw, "metadata": pool.metadata}))
+    consumer_before, consumer_after = (
+        before["Deployment/pool-consumer"]["spec"],
+        after["Deployment/pool-consumer"]["spec"],
+    )
+    assert consumer_after["replicas"] == 5
+    assert consumer_after["template"] == consumer_before["template"]  # scaling rolls nothing
+
+
+def test_pods_run_restricted_and_rdma_adds_only_ipc_lock() -> None:
+    for example in ("pool-shared-volume.yaml", "pool-rdma.yaml"):
+        objs = children(load(example))
+        for name, obj in objs.items():
+            if not name.startswith("Deployment/"):
+                continue
+            pod = obj["spec"]["template"]["spec"]
+            assert pod["securityContext"]["runAsNonRoot"] is True
+            for c in pod["containers"]:
+                sc = c["securityContext"]
+                assert sc["allowPrivilegeEscalation"] is False
+                assert sc["capabilities"]["drop"] == ["ALL"]
+                assert sc["capabilities"].get("add", []) in ([], ["IPC_LOCK"])
+    rdma = children(load("pool-rdma.yaml"))
+    producer = container(rdma, "pool-producer")
+    assert producer["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert any(e["name"] == "UCX_TLS" for e in producer["env"])
+
+
+def test_the_width_job_may_write_only_its_own_report() -> None:
+    pool = load("pool-shared-volume.yaml")
+    identity = pool.spec.model_identity(pool.spec.image)
+    objs = render.width_job_objects(pool, identity, identity.fingerprint())
+    (role,) = [o for o in objs if o["kind"] == "Role"]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [f"encoderpool-widths-{identity.fingerprint()}"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    (job,) = [o for o in objs if o["kind"] == "Job"]
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == role["metadata"]["name"]
+
+
+def test_pod_template_overrides_merge_over_the_rendered_pod() -> None:
+    raw = load("pool-shared-volume.yaml").model_dump(by_alias=True, exclude={"status"})
+    raw["spec"]["producer"]["podTemplate"] = {
+        "metadata": {"annotations": {"team": "vision"}},
+        "spec": {"priorityClassName": "high"},
+    }
+    pool = EncoderPool.from_object(
+        {**raw, "metadata": {"name": "pool", "namespace": "ml", "uid": "u"}}
+    )
+    template = children(pool)["Deployment/pool-producer"]["spec"]["template"]
+    assert template["spec"]["priorityClassName"] == "high"
+    assert template["metadata"]["annotations"]["team"] == "vision"
+    assert render.ANNOTATION_CONFIG_HASH in template["metadata"]["annotations"]
+    assert template["spec"]["containers"][0]["name"] == "vllm"
