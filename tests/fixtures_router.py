@@ -197,16 +197,27 @@ async def wait_until(ok: Callable[[], bool], what: str, timeout: float = 10.0) -
 
 # --- real vLLM servers and the router process ---------------------------------------------
 
-# Which EC connector the real-engine tests use: switching to ours is this one line.
-EC_CONNECTOR = "example"
+# Which EC connector the real-engine tests use: switching is this one line.
+EC_CONNECTOR = "encoderpool"
+
+ConnectorSpec = tuple[str, dict[str, Any], str | None]
 
 
-def _example(store: Path) -> tuple[str, dict[str, Any], str | None]:
+def _example(store: Path, model: Path) -> ConnectorSpec:
+    """vLLM's built-in ECExampleConnector (a file per item, no params needed)."""
     return "ECExampleConnector", {"shared_storage_path": str(store)}, None
 
 
-CONNECTORS: dict[str, Callable[[Path], tuple[str, dict[str, Any], str | None]]] = {
+def _encoderpool(store: Path, model: Path) -> ConnectorSpec:
+    """Our shared-volume connector, configured as the operator renders it."""
+    from tests.fixtures_connector import CONNECTOR, MODULE, sv_config, tiny_fingerprint
+
+    return CONNECTOR, sv_config(store, tiny_fingerprint(model)), MODULE
+
+
+CONNECTORS: dict[str, Callable[[Path, Path], ConnectorSpec]] = {
     "example": _example,
+    "encoderpool": _encoderpool,
 }
 
 # DEBUG lines of the model runner say which process ran the encoder (what
@@ -236,7 +247,6 @@ LOGGING_CONFIG = {
     },
 }
 ENCODED_LINE = "Finish execute for mm hash"
-MM_ARGS = ["--limit-mm-per-prompt", json.dumps({"image": 2, "video": 0})]
 
 
 def encoded_hashes(log: str) -> set[str]:
@@ -339,10 +349,11 @@ def epd(
     logging_config = work / "logging.json"
     logging_config.write_text(json.dumps(LOGGING_CONFIG))
     store = work / "ec"
-    name, extra, module = CONNECTORS[EC_CONNECTOR](store)
+    store.mkdir()
+    name, extra, module = CONNECTORS[EC_CONNECTOR](store, tiny_model)
 
     def server(role: str, cpu: str, ec_role: str | None) -> VllmServer:
-        args = list(MM_ARGS)
+        args: list[str] = []
         if ec_role is not None:
             args += ["--ec-transfer-config", ec_transfer_config(name, ec_role, extra, module)]
         env = {**base_env(cpu), "VLLM_LOGGING_CONFIG_PATH": str(logging_config)}

@@ -7,7 +7,12 @@ import hashlib
 
 from encoderpool_connector.router.backends import Backend, BackendSet
 from encoderpool_connector.router.media import encoder_request, media_items, media_key
-from encoderpool_connector.router.policy import choose_consumer, choose_producer, hrw_rank
+from encoderpool_connector.router.policy import (
+    RecentlyEncoded,
+    choose_consumer,
+    choose_producer,
+    hrw_rank,
+)
 
 from e2e.media import image, image_part
 
@@ -122,3 +127,14 @@ def test_media_items_keys_and_encoder_requests() -> None:
         "max_tokens": 1,
         "stream": False,
     }
+
+
+def test_recently_encoded_expires_and_is_bounded() -> None:
+    recent = RecentlyEncoded(ttl_s=10, capacity=2)
+    recent.add(b"a", now=0)
+    assert recent.fresh(b"a", now=9.9)
+    assert not recent.fresh(b"a", now=10)
+    assert not recent.fresh(b"a", now=1)  # expired entries are gone for good
+    for k in (b"x", b"y", b"z"):
+        recent.add(k, now=0)
+    assert [recent.fresh(k, now=1) for k in (b"x", b"y", b"z")] == [False, True, True]

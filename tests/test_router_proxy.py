@@ -372,3 +372,31 @@ def test_fifty_concurrent_requests_each_get_their_own_answer() -> None:
         assert sample(router, "encoderpool_router_media_items_total", encoded="remote") == 50
 
     run(scenario())
+
+
+def test_reuse_skips_producers_for_items_encoded_moments_ago() -> None:
+    async def scenario() -> None:
+        p, c = FakeBackend("producer"), FakeBackend("consumer")
+        async with (
+            fakes(p, c) as (purl, curl),
+            router_at([purl], [curl], reuse_encoded_s=60) as (router, url),
+        ):
+            status, out, _ = await post(url + "/v1/chat/completions", chat_request(image(1)))
+            assert (status, len(out["ec_transfer_params_seen"])) == (200, 1)
+            # Again, with a new image: only the new one goes to the producer.
+            body = chat_request(image(1), image(2))
+            status, out, _ = await post(url + "/v1/chat/completions", body)
+            assert status == 200
+            assert list(out["ec_transfer_params_seen"]) == [fake_mm_hash(media_parts(body)[1])]
+            assert len(p.seen) == 2
+            assert sample(router, "encoderpool_router_media_items_total", encoded="reused") == 1
+            # A failed encode is not remembered: it is tried again next time.
+            p.mode = "error"
+            await post(url + "/v1/chat/completions", chat_request(image(3)))
+            router.producers.backends[0].ejected_until = 0
+            p.mode = "ok"
+            status, out, _ = await post(url + "/v1/chat/completions", chat_request(image(3)))
+            assert len(out["ec_transfer_params_seen"]) == 1
+            assert len(p.seen) == 4
+
+    run(scenario())

@@ -34,7 +34,11 @@ from encoderpool_connector.router.backends import (
 from encoderpool_connector.router.config import RouterSettings
 from encoderpool_connector.router.media import encoder_request, media_items, media_key
 from encoderpool_connector.router.metrics import RouterMetrics
-from encoderpool_connector.router.policy import choose_consumer, choose_producer
+from encoderpool_connector.router.policy import (
+    RecentlyEncoded,
+    choose_consumer,
+    choose_producer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +94,9 @@ class Router:
         self.consumers = consumers or BackendSet("consumer", settings.consumers)
         self.metrics = metrics or RouterMetrics()
         self.watchers: list[EndpointSliceWatcher] = []
+        self.recent = (
+            RecentlyEncoded(settings.reuse_encoded_s) if settings.reuse_encoded_s else None
+        )
         self._session: aiohttp.ClientSession | None = None
         for role in (self.producers, self.consumers):
             role.listeners.append(self._count_backends)
@@ -220,29 +227,31 @@ class Router:
             *(self._encode_one(body, part, f"{rid}-enc{i}") for i, part in enumerate(items))
         )
         merged: dict[str, Any] = {}
-        for params in results:
-            if params is None:
-                self.metrics.items.labels("local").inc()
-            else:
-                self.metrics.items.labels("remote").inc()
-                merged.update(params)
+        for where, params in results:
+            self.metrics.items.labels(where).inc()
+            merged.update(params)
         return merged
 
     async def _encode_one(
         self, body: dict[str, Any], part: dict[str, Any], rid: str
-    ) -> dict[str, Any] | None:
-        """One item on one producer; None (the consumer will encode it) on any failure."""
-        producer = choose_producer(
-            media_key(part), self.producers.backends, self.settings.producer_load_bound
-        )
+    ) -> tuple[str, dict[str, Any]]:
+        """One item on one producer: ("remote", its params); ("local", {}) on any failure
+        (the consumer encodes it); ("reused", {}) when a producer encoded it moments ago."""
+        key = media_key(part)
+        if self.recent is not None and self.recent.fresh(key):
+            return "reused", {}
+        producer = choose_producer(key, self.producers.backends, self.settings.producer_load_bound)
         if producer is None:
             self.metrics.error("producer_unavailable")
-            return None
+            return "local", {}
         start = time.perf_counter()
         producer.in_flight += 1
         self.metrics.in_flight.labels("producer").inc()
         try:
-            return await self._post_producer(producer, encoder_request(body, part), rid)
+            params = await self._post_producer(producer, encoder_request(body, part), rid)
+            if self.recent is not None:
+                self.recent.add(key)
+            return "remote", params
         except UpstreamError as e:
             self.metrics.error(e.kind)
             self._eject(producer)
@@ -252,7 +261,7 @@ class Router:
                 producer.url,
                 e,
             )
-            return None
+            return "local", {}
         finally:
             producer.in_flight -= 1
             self.metrics.in_flight.labels("producer").dec()

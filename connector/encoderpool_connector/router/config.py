@@ -74,6 +74,12 @@ class RouterSettings(BaseSettings):
         description="In-flight items on a producer above which an item's preferred "
         "producer yields to the next one in its ranking.",
     )
+    reuse_encoded_s: Annotated[float, Field(ge=0, le=86400)] = Field(
+        default=0.0,
+        description="For this long after a producer encoded an item, repeats of it skip the "
+        "producer and the consumer finds the entry by hash. Only for the sharedVolume "
+        "transport; 0 (off) for rdma, whose consumers need the producer's params.",
+    )
     eject_s: Annotated[float, Field(ge=0, le=3600)] = Field(
         default=5.0, description="How long a backend that failed to answer is avoided."
     )

@@ -34,7 +34,8 @@ class RouterMetrics:
         )
         self.items = Counter(
             "encoderpool_router_media_items",
-            "Media items by where they were encoded: remote (a producer) or local (the consumer).",
+            "Media items by where they were encoded: remote (a producer), local (the "
+            "consumer), reused (a producer encoded it moments ago; not sent again).",
             ["encoded"],
             registry=r,
         )
@@ -68,7 +69,7 @@ class RouterMetrics:
         )
         for kind in ERROR_KINDS:
             self.errors.labels(kind)
-        for where in ("remote", "local"):
+        for where in ("remote", "local", "reused"):
             self.items.labels(where)
 
     def error(self, kind: str) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from encoderpool_connector.router.backends import Backend
@@ -58,3 +59,37 @@ def choose_consumer(backends: Sequence[Backend], exclude: Sequence[Backend] = ()
         return None
     least = min(b.in_flight for b in fresh)
     return random.choice([b for b in fresh if b.in_flight == least])  # noqa: S311
+
+
+class RecentlyEncoded:
+    """Media keys a producer encoded less than ``ttl_s`` ago (at most ``capacity`` of them).
+
+    Multi-turn chats resend every earlier image each turn; with a transport
+    where consumers find entries by hash alone (the shared volume), sending
+    such an item to a producer again only costs a round trip. A hit skips the
+    producer and sends no params for the item: the consumer loads the entry if
+    it is still there and encodes the item itself if not (never an error). Not
+    for transports whose consumers need the producer's params (RDMA).
+    """
+
+    def __init__(self, ttl_s: float, capacity: int = 1 << 16) -> None:
+        self.ttl_s = ttl_s
+        self.capacity = capacity
+        self._until: OrderedDict[bytes, float] = OrderedDict()
+
+    def add(self, key: bytes, now: float | None = None) -> None:
+        t = time.monotonic() if now is None else now
+        self._until[key] = t + self.ttl_s
+        self._until.move_to_end(key)
+        while len(self._until) > self.capacity:
+            self._until.popitem(last=False)
+
+    def fresh(self, key: bytes, now: float | None = None) -> bool:
+        t = time.monotonic() if now is None else now
+        until = self._until.get(key)
+        if until is None:
+            return False
+        if until <= t:
+            del self._until[key]
+            return False
+        return True
