@@ -46,7 +46,8 @@ class RouterSettings(BaseSettings):
     )
     namespace: str | None = Field(
         default=None,
-        description="Namespace of both Services; in a pod it defaults to the pod's own.",
+        description="Namespace of both Services; defaults to the pod's own (or the "
+        "kubeconfig context's).",
     )
     kubeconfig: str | None = Field(
         default=None,
@@ -71,8 +72,8 @@ class RouterSettings(BaseSettings):
     )
     producer_load_bound: Annotated[int, Field(ge=1, le=10000)] = Field(
         default=4,
-        description="In-flight items on a producer above which an item's preferred "
-        "producer yields to the next one in its ranking.",
+        description="In-flight items at which an item's preferred producer yields to "
+        "the next one in the item's ranking.",
     )
     reuse_encoded_s: Annotated[float, Field(ge=0, le=86400)] = Field(
         default=0.0,
