@@ -137,3 +137,21 @@ def test_pod_template_overrides_merge_over_the_rendered_pod() -> None:
     assert template["metadata"]["annotations"]["team"] == "vision"
     assert render.ANNOTATION_CONFIG_HASH in template["metadata"]["annotations"]
     assert template["spec"]["containers"][0]["name"] == "vllm"
+
+
+def test_the_width_job_command_parses_as_measure_and_keys_the_report() -> None:
+    from encoderpool_connector.measure import parse_args
+
+    pool = load("pool-shared-volume.yaml")
+    identity = pool.spec.model_identity(pool.spec.image)
+    objs = render.width_job_objects(pool, identity, identity.fingerprint())
+    (job,) = [o for o in objs if o["kind"] == "Job"]
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["python"]
+    assert c["args"][:2] == ["-m", "encoderpool_connector.measure"]
+    args = parse_args(c["args"][2:])
+    assert args.identity == identity
+    assert args.identity.fingerprint() == identity.fingerprint()
+    assert args.model == pool.spec.model.name
+    assert args.max_model_len == 2048  # carried over from spec.model.extraArgs
+    assert args.configmap_namespace == "ml"

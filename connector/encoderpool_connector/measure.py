@@ -30,6 +30,7 @@ from encoderpool_connector.report import (
     DTYPE_BYTES,
     LABEL_COMPONENT,
     LABEL_FINGERPRINT,
+    ModelIdentity,
     WidthReport,
 )
 
@@ -44,7 +45,15 @@ class MeasureError(Exception):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m encoderpool_connector.measure", description=__doc__)
-    p.add_argument("--model", required=True, help="Model path or name, as given to vllm serve.")
+    p.add_argument(
+        "--identity",
+        type=ModelIdentity.model_validate_json,
+        default=None,
+        help="The model as the operator will serve it (report.ModelIdentity JSON): it sets "
+        "model, revision, dtype, parallelism and limits, and keys the report, so the operator "
+        "finds it under the fingerprint it computed. Its vllm_version names the serving image.",
+    )
+    p.add_argument("--model", default=None, help="Model path or name, as given to vllm serve.")
     p.add_argument("--revision", default=None)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
     p.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -64,6 +73,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.output_file is None and args.configmap_namespace is None:
         p.error("give --output-file and/or --configmap-namespace")
+    if args.identity is not None:
+        if args.model is not None:
+            p.error("give --identity or --model, not both")
+        ident: ModelIdentity = args.identity
+        args.model = ident.model
+        args.revision = ident.revision or None
+        args.dtype = ident.dtype
+        args.tensor_parallel_size = ident.tensor_parallel_size
+        args.pipeline_parallel_size = ident.pipeline_parallel_size
+        args.limit_mm_per_prompt = dict(ident.limit_mm_per_prompt) or None
+    elif args.model is None:
+        p.error("give --model (or --identity)")
     return args
 
 
@@ -113,6 +134,28 @@ def check_model(args: argparse.Namespace, kw: dict[str, Any]) -> Any:
     return model_config
 
 
+def agreed_identity(given: ModelIdentity, served: ModelIdentity) -> ModelIdentity:
+    """The operator's identity, once the engine confirms it served exactly that.
+
+    Only ``vllm_version`` may differ: the operator names the image there.
+    """
+    theirs = given.model_dump(exclude={"vllm_version"})
+    ours = served.model_dump(exclude={"vllm_version"})
+    for key in theirs:
+        # vLLM fills limits the identity left unset; the ones it set must match.
+        if key == "limit_mm_per_prompt":
+            mismatched = {m: n for m, n in theirs[key].items() if ours[key].get(m) != n}
+            if mismatched:
+                raise MeasureError(
+                    2, f"--identity: vLLM applied limits {ours[key]}, not {mismatched}"
+                )
+        elif theirs[key] != ours[key]:
+            raise MeasureError(
+                2, f"--identity: {key} is {theirs[key]!r} but vLLM served {ours[key]!r}"
+            )
+    return given
+
+
 def measure(args: argparse.Namespace) -> WidthReport:
     # In-process engine core: vLLM records the widths on the very config we hold.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -143,6 +186,8 @@ def measure(args: argparse.Namespace) -> WidthReport:
         budget = MultiModalBudget(vllm_config, MULTIMODAL_REGISTRY, enable_cache=False)
         max_tokens = {m: int(n) for m, n in budget.mm_max_toks_per_item.items() if m in widths}
         identity = identity_from_vllm_config(vllm_config)
+        if args.identity is not None:
+            identity = agreed_identity(args.identity, identity)
         elem = DTYPE_BYTES[identity.dtype]
         return WidthReport(
             fingerprint=identity.fingerprint(),

@@ -473,14 +473,22 @@ def width_report_stub(pool: EncoderPool, fingerprint: str) -> dict[str, Any]:
     }
 
 
-def measure_args(identity: ModelIdentity, namespace: str) -> list[str]:
-    """What the width Job runs: measure this identity, write the report's ConfigMap."""
-    return [
+def measure_args(identity: ModelIdentity, namespace: str, extra_args: tuple[str, ...]) -> list[str]:
+    """What the width Job runs: measure this identity, apply its report's ConfigMap."""
+    args = [
         "-m", "encoderpool_connector.measure",
         "--identity", identity.model_dump_json(),
-        "--configmap", configmap_name(identity.fingerprint()),
-        "--namespace", namespace,
+        "--configmap-namespace", namespace,
     ]  # fmt: skip
+    for flag in ("--max-model-len", "--trust-remote-code"):  # what loading the model needs
+        for i, arg in enumerate(extra_args):
+            if arg == flag and flag == "--trust-remote-code":
+                args.append(flag)
+            elif arg == flag and i + 1 < len(extra_args):
+                args += [flag, extra_args[i + 1]]
+            elif arg.startswith(flag + "="):
+                args.append(arg)
+    return args
 
 
 def width_job_objects(
@@ -496,7 +504,7 @@ def width_job_objects(
         "name": "measure",
         "image": job.image or spec.image,
         "command": ["python"],
-        "args": measure_args(identity, pool.namespace),
+        "args": measure_args(identity, pool.namespace, spec.model.extra_args),
         "env": [{"name": e.name, "value": e.value} for e in spec.model.env]
         + [
             {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
