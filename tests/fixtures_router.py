@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 import pytest
 from aiohttp import web
 from encoderpool_connector.router.app import Router, build_app
-from encoderpool_connector.router.backends import BackendSet
 from encoderpool_connector.router.config import RouterSettings
 
 from e2e.vllm_server import REPO, VllmServer, base_env, ec_transfer_config, free_port
@@ -64,17 +63,6 @@ async def router_at(
         producers=tuple(producers or ()), consumers=tuple(consumers or ()), **settings
     )
     router = Router(s)
-    async with serve(build_app(router)) as url:
-        yield router, url
-
-
-@contextlib.asynccontextmanager
-async def router_over(
-    producers: BackendSet, consumers: BackendSet, **settings: Any
-) -> AsyncIterator[tuple[Router, str]]:
-    """An in-process router over backend sets the test (or a watcher) fills."""
-    s = RouterSettings(consumers=("http://127.0.0.1:9",), **settings)  # replaced below
-    router = Router(s, producers=producers, consumers=consumers)
     async with serve(build_app(router)) as url:
         yield router, url
 

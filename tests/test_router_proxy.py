@@ -172,16 +172,24 @@ def test_a_failing_consumer_is_retried_once_on_another_without_params(mode: str)
     run(scenario())
 
 
-def test_when_every_consumer_fails_the_client_gets_an_error() -> None:
+def test_when_the_retry_fails_too_the_client_gets_the_error() -> None:
     async def scenario() -> None:
-        a, b = FakeBackend("consumer-a", mode="unavailable"), FakeBackend("consumer-b", mode="down")
-        async with fakes(a) as (aurl,), router_at([], [aurl, "http://127.0.0.1:9"]) as (_, url):
+        a, b = (
+            FakeBackend("consumer-a", mode="unavailable"),
+            FakeBackend("consumer-b", mode="unavailable"),
+        )
+        async with fakes(a, b) as urls, router_at([], urls) as (router, url):
             status, out, _ = await post(url + "/v1/chat/completions", {"messages": []})
-        # The second (last) try answers as the consumer answered, or 502 if unreachable.
-        assert status in (502, 503), out
-        assert "error" in out
-        assert len(a.seen) == 1
-        del b
+            # The last try's answer is the client's: the consumer's own 503.
+            assert (status, out) == (503, {"error": {"message": "unavailable"}})
+            assert (len(a.seen), len(b.seen)) == (1, 1)
+            assert sample(router, "encoderpool_router_consumer_retries_total") == 1
+        async with router_at([], ["http://127.0.0.1:9"]) as (router, url):
+            status, out, _ = await post(url + "/v1/chat/completions", {"messages": []})
+            # Nobody answered: 502, naming the last consumer tried and why.
+            assert status == 502
+            assert "http://127.0.0.1:9: unreachable" in out["error"]["message"]
+            assert sample(router, "encoderpool_router_errors_total", kind="consumer_error") == 2
 
     run(scenario())
 
