@@ -147,3 +147,99 @@ def run_pods(
         done.append(PodRun(name, argv, res.returncode, res.stdout + res.stderr))
         cluster.finish_pod(namespace, name, res.returncode)
     return done
+
+
+@dataclass
+class LocalPod:
+    """A long-running pod's container run here: its args with host, port and mounts mapped.
+
+    ``rewrite`` maps in-pod strings to local ones (a volume's mountPath to a
+    local directory, the listen address to 127.0.0.1) wherever they appear in
+    an argument, JSON included; ``replace_flags`` swaps whole flags (the
+    router's Service discovery for local URLs).
+    """
+
+    pod: dict[str, Any]
+    log_path: Path
+    port: int
+    rewrite: dict[str, str]
+    env: dict[str, str]
+    replace_flags: dict[str, list[str]] | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        container = self.pod["spec"]["containers"][0]
+        argv = local_argv(container)
+        if argv and argv[0] == "vllm":
+            argv[0] = str(Path(sys.executable).parent / "vllm")
+        out: list[str] = []
+        skip = False
+        for i, arg in enumerate(argv):
+            if skip:
+                skip = False
+                continue
+            if arg == "--port":
+                out += ["--port", str(self.port)]
+                skip = True
+                continue
+            if self.replace_flags and arg in self.replace_flags:
+                out += self.replace_flags[arg]
+                skip = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+                continue
+            for old, new in self.rewrite.items():
+                arg = arg.replace(old, new)
+            out.append(arg)
+        return out
+
+    def start(self) -> LocalPod:
+        container = self.pod["spec"]["containers"][0]
+        env = {**local_env(self.pod, container), **self.env}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv(),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_healthy(self, timeout: float = 300.0) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{self.pod['metadata']['name']} exited:\n{tail}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.pod['metadata']['name']} not healthy in {timeout:.0f}s")
+
+    def stop(self) -> None:
+        import contextlib
+        import signal
+
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None

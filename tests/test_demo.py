@@ -1,0 +1,28 @@
+"""`make demo` keeps working: the README's main command, run as a newcomer would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.cluster, pytest.mark.vllm]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_demo_answers_a_request_through_the_pool() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "e2e.demo"],
+        cwd=REPO,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "1 image encoded by the producer" in res.stdout
+    assert "1 embedding loaded from the shared volume" in res.stdout
+    assert "demo: OK" in res.stdout
