@@ -68,6 +68,9 @@ def test_the_router_accepts_the_flags_it_is_given() -> None:
     assert settings.producer_service == "pool-producer"
     assert settings.consumer_service == "pool-consumer"
     assert settings.namespace == "ml"
+    assert settings.reuse_encoded_s == render.ROUTER_REUSE_SECONDS  # shared volume only
+    rdma = container(children(load("pool-rdma.yaml")), "pool-router")
+    assert parse_settings(rdma["args"]).reuse_encoded_s == 0
 
 
 def test_rendering_is_pure_and_changes_only_with_its_inputs() -> None:
