@@ -222,11 +222,15 @@ class Pins:
             self._sweep_stale()
         self._seq += 1
         pin = os.path.join(self.dir, f"{name}.{self._seq}")
-        try:
-            os.link(self.store.entry_path(name), pin)
-        except FileNotFoundError:
-            return None
-        return pin
+        for _ in range(2):
+            try:
+                os.link(self.store.entry_path(name), pin)
+                return pin
+            except FileNotFoundError:
+                if os.path.isdir(self.dir):
+                    return None  # the entry is gone: a miss
+                os.makedirs(self.dir, exist_ok=True)  # our directory was swept; once more
+        return None
 
     def _sweep_stale(self) -> None:
         now = time.time()
@@ -241,7 +245,8 @@ class Pins:
                         if now - f.stat(follow_symlinks=False).st_ctime > STALE_PIN_SECONDS:
                             os.unlink(f.path)
                 with contextlib.suppress(OSError):
-                    os.rmdir(d.path)  # only succeeds once empty
+                    if now - d.stat(follow_symlinks=False).st_mtime > STALE_PIN_SECONDS:
+                        os.rmdir(d.path)  # an idle instance's directory; fails unless empty
 
     @staticmethod
     def drop(pin: str) -> None:

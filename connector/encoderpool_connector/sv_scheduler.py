@@ -157,6 +157,7 @@ class SharedVolumeScheduler:
             lookup = _Lookup(name, expect, "miss")
             self.stats.add("misses")
         self._lookups[mm_hash] = lookup
+        logger.debug("encoderpool: lookup of %s starts %s", _short(mm_hash), lookup.state)
         return lookup
 
     @staticmethod

@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print ratios; results are kept in docs/."""
