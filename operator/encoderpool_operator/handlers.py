@@ -8,6 +8,7 @@ interleaving. Run with ``kopf run -m encoderpool_operator.handlers``.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections import defaultdict
 from datetime import datetime, timezone
@@ -39,6 +40,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.posting.level = logging.INFO
+    if not settings.peering.standalone and settings.peering.priority == 0:
+        # Replicas of one Deployment would tie at the default priority, and kopf pauses
+        # every peer on a tie: a random priority makes one replica active, the rest standby.
+        settings.peering.priority = 1 + secrets.randbelow(2**31 - 1)
+    if not settings.peering.clusterwide:
+        # Namespaced (--namespace): need no cluster-scoped permission. The namespaces are
+        # taken as given and CRDs are not watched (the chart installs the CRD first).
+        settings.scanning.disabled = True
     if ours.kubeconfig:
         api = config.new_client_from_config(config_file=ours.kubeconfig)
     else:

@@ -1,0 +1,166 @@
+"""Every permission the operator needs: the one list the Helm chart's RBAC is rendered from.
+
+``python -m encoderpool_operator.chartvalues charts/encoderpool-operator`` writes
+it to the chart's files/rbac.json, which the templates render (never a
+hand-kept copy of the rules), and
+tests/test_rbac_chart.py proves the list on the local control plane both ways:
+the operator, run as the chart's ServiceAccount, never gets a 403, and every
+verb granted here is used at least once (DELEGATED ones excepted, with why).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from encoderpool_operator.api import GROUP, PLURAL
+
+Mode = Literal["cluster", "namespace"]
+MODES: tuple[Mode, ...] = ("cluster", "namespace")
+# kopf's peering objects (the chart ships their CRDs); kopf also knows the old zalando.org.
+PEERING_GROUP = "kopf.dev"
+
+
+@dataclass(frozen=True)
+class Permission:
+    """Verbs on one resource (``plural`` or ``plural/subresource``) of one API group."""
+
+    group: str
+    resource: str
+    verbs: tuple[str, ...]
+    why: str
+    # Which install modes grant it: cluster-scoped kinds exist only for the cluster-wide one.
+    modes: tuple[Mode, ...] = MODES
+    # Restricted to the release's own peering object (kopf lists all, patches only its own).
+    peering_object_only: bool = False
+    # Held only so the operator may grant it to a child's Role; the operator never calls it.
+    delegated: bool = False
+
+    def rule(self) -> dict[str, Any]:
+        return {
+            "apiGroups": [self.group],
+            "resources": [self.resource],
+            "verbs": list(self.verbs),
+            "why": self.why,
+            "peeringObjectOnly": self.peering_object_only,
+        }
+
+
+PERMISSIONS: tuple[Permission, ...] = (
+    # ---- kopf itself
+    Permission(GROUP, PLURAL, ("list", "watch"), "kopf: watch EncoderPools"),
+    Permission(GROUP, PLURAL, ("get",), "each pass reads the pool afresh (handlers._pass)"),
+    Permission(GROUP, PLURAL, ("patch",), "kopf: its progress and diff-base annotations"),
+    Permission(GROUP, f"{PLURAL}/status", ("patch",), "status: conditions, widths, replicas"),
+    Permission("", "events", ("create",), "kopf posts Events (kopf.info/warn, INFO logs)"),
+    Permission(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        ("list", "watch"),
+        "kopf notices CRDs installed or changed after start (cluster-wide mode only; a "
+        "namespaced operator runs with scanning disabled: see handlers.configure)",
+        modes=("cluster",),
+    ),
+    Permission(
+        PEERING_GROUP,
+        "clusterkopfpeerings",
+        ("list", "watch"),
+        "kopf peering: see the other replicas (cluster-wide mode)",
+        modes=("cluster",),
+    ),
+    Permission(
+        PEERING_GROUP,
+        "clusterkopfpeerings",
+        ("patch",),
+        "kopf peering: keep-alives in the release's own peering object",
+        modes=("cluster",),
+        peering_object_only=True,
+    ),
+    Permission(
+        PEERING_GROUP,
+        "kopfpeerings",
+        ("list", "watch"),
+        "kopf peering: see the other replicas (namespaced mode)",
+        modes=("namespace",),
+    ),
+    Permission(
+        PEERING_GROUP,
+        "kopfpeerings",
+        ("patch",),
+        "kopf peering: keep-alives in the release's own peering object",
+        modes=("namespace",),
+        peering_object_only=True,
+    ),
+    # ---- children (reconcile.py through kube.Kube): get, then server-side apply, which is a
+    # patch that creates a missing object: the API server then checks create as well.
+    Permission(
+        "apps",
+        "deployments",
+        ("get", "list", "watch", "create", "patch"),
+        "producer/consumer/router Deployments; kopf on.event watches them for rollouts",
+    ),
+    Permission(
+        "batch",
+        "jobs",
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "width Job; kopf on.event watches it; deleted to retry or when its model is stale",
+    ),
+    Permission("", "services", ("get", "create", "patch"), "producer (headless), consumer, router"),
+    Permission(
+        "", "persistentvolumeclaims", ("get", "create", "patch"), "the shared-volume cache PVC"
+    ),
+    Permission(
+        "",
+        "configmaps",
+        ("get", "create", "patch"),
+        "width reports: read, create the stub the Job fills, add this pool as an owner",
+    ),
+    Permission(
+        "",
+        "serviceaccounts",
+        ("get", "list", "create", "patch", "delete"),
+        "router and width Job identities; stale width Job ones are listed and deleted",
+    ),
+    Permission(
+        "rbac.authorization.k8s.io",
+        "roles",
+        ("get", "list", "create", "patch", "delete"),
+        "router and width Job Roles; stale width Job ones are listed and deleted",
+    ),
+    Permission(
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        ("get", "list", "create", "patch", "delete"),
+        "router and width Job RoleBindings; stale width Job ones are listed and deleted",
+    ),
+    # ---- held only to grant them (Kubernetes refuses a Role granting what its writer lacks)
+    Permission(
+        "discovery.k8s.io",
+        "endpointslices",
+        ("get", "list", "watch"),
+        "granted to each router's Role (render.router_objects), so held",
+        delegated=True,
+    ),
+)
+
+# Held, never exercised by the operator itself: the RBAC test exempts these (and
+# only these) from "every grant is used". The width Job's Role grants configmaps
+# get/patch, which the operator uses itself anyway.
+DELEGATED: frozenset[tuple[str, str, str]] = frozenset(
+    (p.group, p.resource, v) for p in PERMISSIONS if p.delegated for v in p.verbs
+)
+
+
+def rules(mode: Mode) -> list[dict[str, Any]]:
+    """RBAC rules for one install mode, with each rule's reason (the chart prints it)."""
+    return [p.rule() for p in PERMISSIONS if mode in p.modes]
+
+
+def granted(mode: Mode) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) triples the chart grants in ``mode``."""
+    return {(p.group, p.resource, v) for p in PERMISSIONS if mode in p.modes for v in p.verbs}
+
+
+def render() -> str:
+    return json.dumps({mode: rules(mode) for mode in MODES}, indent=2) + "\n"

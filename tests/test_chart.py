@@ -1,0 +1,209 @@
+"""The Helm chart, statically: generated files in sync, lint and template clean, schema strict.
+
+Every documented values set (ci/*-values.yaml) is linted and templated; the
+default render is golden-tested; wrong values must fail with a message naming them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from encoderpool_operator import chartvalues, crdgen, rbac
+from pydantic import BaseModel
+
+from e2e.cluster.runner import bin_dir
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "encoderpool-operator"
+GOLDEN = REPO / "tests" / "golden" / "chart-default.yaml"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+
+
+def helm(
+    *args: str, check: bool = True, kubeconfig: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The built helm 4 (e2e/cluster/build.sh), with no user config or cache leaking in."""
+    argv = [str(bin_dir() / "helm"), *args]
+    if kubeconfig is not None:
+        argv += ["--kubeconfig", str(kubeconfig)]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    if check and res.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed ({res.returncode}):\n{res.stderr}")
+    return res
+
+
+def template(*args: str, release: str = "ep", namespace: str = "encoderpool-system") -> str:
+    return helm("template", release, str(CHART), "--namespace", namespace, *args).stdout
+
+
+def documents(manifest: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(manifest) if d]
+
+
+def by_kind(manifest: str) -> dict[str, dict[str, Any]]:
+    return {d["kind"]: d for d in documents(manifest)}
+
+
+# ------------------------------------------------------------------ in sync
+
+
+def test_generated_chart_files_are_in_sync() -> None:
+    """values.schema.json, files/rbac.json and the chart's CRD are what the generator writes."""
+    assert chartvalues.main(["--check", str(CHART)]) == 0, (
+        "run: python -m encoderpool_operator.chartvalues charts/encoderpool-operator"
+    )
+
+
+def test_the_charts_crd_is_byte_identical_to_the_generated_one() -> None:
+    chart_crd = CHART / "crds" / crdgen.FILENAME
+    assert chart_crd.read_bytes() == (REPO / "crds" / crdgen.FILENAME).read_bytes()
+
+
+def test_values_yaml_is_the_models_defaults() -> None:
+    """values.yaml is hand-written for its comments; it may not drift from the schema's model."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values == chartvalues.ChartValues().model_dump(by_alias=True, mode="json")
+
+
+def test_every_value_in_values_yaml_is_commented() -> None:
+    """Each value (a top-level key, or a key of a section like image:) has a comment above it."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    sections = {
+        field.alias or name
+        for name, field in chartvalues.ChartValues.model_fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+    }
+    section, values = "", []
+    for i, line in enumerate(lines):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        indent, key = len(line) - len(line.lstrip()), line.strip().split(":", 1)[0]
+        if indent == 0:
+            section = key if key in sections else ""
+            if not section:
+                values.append(i)
+        elif indent == 2 and section:
+            values.append(i)
+    assert len(values) > 15
+    assert [lines[i] for i in values if not lines[i - 1].strip().startswith("#")] == []
+
+
+# ------------------------------------------------------------- lint, render
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: v.name if v else "default")
+def test_lint_is_clean(values: Path | None) -> None:
+    args = ["lint", str(CHART), "--strict", "--namespace", "encoderpool-system"]
+    if values:
+        args += ["--values", str(values)]
+    out = helm(*args).stdout
+    assert "0 chart(s) failed" in out
+    assert "[WARNING]" not in out
+    assert "[ERROR]" not in out
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: v.name if v else "default")
+def test_template_renders_labelled_restricted_objects(values: Path | None) -> None:
+    docs = documents(template(*(["--values", str(values)] if values else [])))
+    assert docs
+    for doc in docs:
+        labels = doc["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "encoderpool-operator"
+        assert labels["app.kubernetes.io/instance"] == "ep"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["helm.sh/chart"] == "encoderpool-operator-0.1.0"
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = pod["containers"][0]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert "--standalone" not in container["args"]
+    assert any(a.startswith("--peering=") for a in container["args"])
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_default_render_matches_golden() -> None:
+    """Review changes to the rendered chart as a diff; regenerate with ENCODERPOOL_GOLDEN=1."""
+    out = template()
+    if os.environ.get("ENCODERPOOL_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(out)
+    assert out == GOLDEN.read_text()
+
+
+@pytest.mark.parametrize(
+    ("scope", "role", "binding", "peering", "watch"),
+    [
+        ("cluster", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "--all-namespaces"),
+        ("namespace", "Role", "RoleBinding", "KopfPeering", "--namespace=encoderpool-system"),
+    ],
+)
+def test_scope_picks_rbac_peering_and_kopf_flags_together(
+    scope: str, role: str, binding: str, peering: str, watch: str
+) -> None:
+    kinds = by_kind(template("--set", f"scope={scope}"))
+    assert {role, binding, peering} <= set(kinds)
+    rendered = {
+        (r["apiGroups"][0], r["resources"][0], v) for r in kinds[role]["rules"] for v in r["verbs"]
+    }
+    assert rendered == rbac.granted(scope)  # type: ignore[arg-type]
+    names = [r.get("resourceNames") for r in kinds[role]["rules"] if "patch" in r["verbs"]]
+    assert ["ep-encoderpool-operator"] in names  # peering keep-alives: its own object only
+    args = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert watch in args
+    assert f"--peering={kinds[peering]['metadata']['name']}" in args
+    if scope == "namespace":
+        for doc in kinds.values():
+            assert doc["metadata"].get("namespace") == "encoderpool-system", doc["kind"]
+
+
+def test_no_rbac_and_an_existing_service_account() -> None:
+    kinds = by_kind(
+        template("--set", "rbac.create=false,serviceAccount.create=false,serviceAccount.name=ops")
+    )
+    assert set(kinds) == {"Deployment", "ClusterKopfPeering"}
+    assert kinds["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "replicas=2"], "additional properties 'replicas' not allowed"),
+        (["--set", "scope=everywhere"], "'/scope': value must be one of 'cluster', 'namespace'"),
+        (["--set", "replicaCount=0"], "'/replicaCount': minimum: got 0, want 1"),
+        (["--set", "image.pullPolicy=Sometimes"], "'/image/pullPolicy': value must be one of"),
+        (
+            ["--set", "operator.resyncSeconds=1"],
+            "'/operator/resyncSeconds': minimum: got 1, want 5",
+        ),
+        (["--set", "peering.name=Not_A_Name"], "'/peering/name': 'Not_A_Name' does not match"),
+        (["--set", "serviceAccount.create=false"], "'/serviceAccount/name': minLength: got 0"),
+    ],
+)
+def test_wrong_values_fail_with_a_message(args: list[str], message: str) -> None:
+    for command in (["template", "ep", str(CHART)], ["lint", "--strict", str(CHART)]):
+        res = helm(*command, *args, check=False)
+        assert res.returncode != 0, command
+        assert message in res.stdout + res.stderr, (command, res.stdout + res.stderr)
+
+
+def test_rbac_json_lists_each_reason() -> None:
+    data = json.loads((CHART / "files" / "rbac.json").read_text())
+    assert set(data) == {"cluster", "namespace"}
+    assert all(rule["why"] for rules in data.values() for rule in rules)
+    # Nothing cluster-scoped may appear in what a Role holds.
+    assert not any(r["resources"][0] in {"customresourcedefinitions", "clusterkopfpeerings"}
+                   for r in data["namespace"])  # fmt: skip
