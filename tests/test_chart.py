@@ -207,3 +207,23 @@ def test_rbac_json_lists_each_reason() -> None:
     # Nothing cluster-scoped may appear in what a Role holds.
     assert not any(r["resources"][0] in {"customresourcedefinitions", "clusterkopfpeerings"}
                    for r in data["namespace"])  # fmt: skip
+
+
+def test_gitops_examples_install_this_chart_with_valid_values() -> None:
+    """examples/argocd-application.yaml and flux-helmrelease.yaml stay in step with the chart."""
+    argo = yaml.safe_load((REPO / "examples" / "argocd-application.yaml").read_text())
+    source = argo["spec"]["source"]
+    assert (REPO / source["path"]) == CHART
+    chartvalues.ChartValues.model_validate(source["helm"]["valuesObject"])
+    flux = {
+        d["kind"]: d
+        for d in yaml.safe_load_all((REPO / "examples" / "flux-helmrelease.yaml").read_text())
+    }
+    release = flux["HelmRelease"]["spec"]
+    assert (REPO / release["chart"]["spec"]["chart"]).resolve() == CHART
+    assert (
+        release["chart"]["spec"]["sourceRef"]["name"] == flux["GitRepository"]["metadata"]["name"]
+    )
+    chartvalues.ChartValues.model_validate(release["values"])
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert source["targetRevision"] == flux["GitRepository"]["spec"]["ref"]["tag"] == f"v{version}"
