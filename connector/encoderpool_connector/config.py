@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from encoderpool_connector.report import ModelIdentity
+
 # Modality names as vLLM spells them; they are map keys, never paths.
 _MODALITY = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
@@ -81,6 +83,11 @@ class ConnectorConfig(_Frozen):
         pattern=r"^[0-9a-f]{16}$",
         description="Fingerprint of the model as served (see report.ModelIdentity); "
         "entries written under another fingerprint are never loaded.",
+    )
+    model_identity: ModelIdentity | None = Field(
+        default=None,
+        description="The identity the fingerprint was computed from; the connector checks "
+        "at start-up that vLLM serves exactly this model (warning with the field otherwise).",
     )
     encoder_output_widths: dict[str, Annotated[int, Field(ge=1, le=1 << 20)]] = Field(
         default_factory=dict,

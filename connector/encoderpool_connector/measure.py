@@ -135,24 +135,9 @@ def check_model(args: argparse.Namespace, kw: dict[str, Any]) -> Any:
 
 
 def agreed_identity(given: ModelIdentity, served: ModelIdentity) -> ModelIdentity:
-    """The operator's identity, once the engine confirms it served exactly that.
-
-    Only ``vllm_version`` may differ: the operator names the image there.
-    """
-    theirs = given.model_dump(exclude={"vllm_version"})
-    ours = served.model_dump(exclude={"vllm_version"})
-    for key in theirs:
-        # vLLM fills limits the identity left unset; the ones it set must match.
-        if key == "limit_mm_per_prompt":
-            mismatched = {m: n for m, n in theirs[key].items() if ours[key].get(m) != n}
-            if mismatched:
-                raise MeasureError(
-                    2, f"--identity: vLLM applied limits {ours[key]}, not {mismatched}"
-                )
-        elif theirs[key] != ours[key]:
-            raise MeasureError(
-                2, f"--identity: {key} is {theirs[key]!r} but vLLM served {ours[key]!r}"
-            )
+    """The operator's identity, once the engine confirms it served exactly that."""
+    if problems := given.differences(served):
+        raise MeasureError(2, "--identity: " + "; ".join(problems))
     return given
 
 

@@ -42,6 +42,26 @@ class ModelIdentity(_Frozen):
         default_factory=dict, description="vLLM's --limit-mm-per-prompt, per modality."
     )
 
+    def differences(self, served: ModelIdentity) -> list[str]:
+        """How what vLLM actually serves differs from this identity, one line per field.
+
+        ``vllm_version`` is not compared: the operator puts the serving image
+        there, vLLM its version string. Limits vLLM filled in that the identity
+        left unset do not count.
+        """
+        out = []
+        mine, theirs = self.model_dump(), served.model_dump()
+        for key in mine:
+            if key == "vllm_version":
+                continue
+            if key == "limit_mm_per_prompt":
+                wrong = {m: n for m, n in mine[key].items() if theirs[key].get(m) != n}
+                if wrong:
+                    out.append(f"limit_mm_per_prompt: vLLM applied {theirs[key]}, not {wrong}")
+            elif mine[key] != theirs[key]:
+                out.append(f"{key}: {mine[key]!r}, but vLLM serves {theirs[key]!r}")
+        return out
+
     def fingerprint(self) -> str:
         """16 hex chars: stable across processes (canonical JSON, sorted keys)."""
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))

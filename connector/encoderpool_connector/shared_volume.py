@@ -107,9 +107,16 @@ class EncoderPoolSharedVolumeConnector(ECConnectorBase):  # type: ignore[misc]  
                     "report is stale or for another model: measure again"
                 )
         served = identity_from_vllm_config(vllm_config)
-        if served.fingerprint() != self.config.model_fingerprint:
-            # A warning, not an error: the fingerprint only namespaces entries, and the
-            # pool's producers and consumers all get the same one.
+        # Warnings, not errors: the fingerprint only namespaces entries, and the
+        # pool's producers and consumers all get the same one.
+        if self.config.model_identity is not None:
+            for problem in self.config.model_identity.differences(served):
+                logger.warning(
+                    "encoderpool: ec_connector_extra_config.model_identity.%s; the width "
+                    "report may be for another model",
+                    problem,
+                )
+        elif served.fingerprint() != self.config.model_fingerprint:
             logger.warning(
                 "encoderpool: ec_connector_extra_config.model_fingerprint is %s but the served "
                 "model %s fingerprints as %s; check that the width report matches",

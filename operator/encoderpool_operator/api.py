@@ -739,7 +739,10 @@ class EncoderPoolSpec(_Model):
         )
 
     def connector_config(
-        self, model_fingerprint: str, encoder_output_widths: Mapping[str, int]
+        self,
+        model_fingerprint: str,
+        encoder_output_widths: Mapping[str, int],
+        model_identity: ModelIdentity | None = None,
     ) -> ConnectorConfig:
         """The one ConnectorConfig producers and consumers of this pool get."""
         shared = self.connector.shared_volume
@@ -747,6 +750,7 @@ class EncoderPoolSpec(_Model):
         return ConnectorConfig(
             transport=self.connector.transport,
             model_fingerprint=model_fingerprint,
+            model_identity=model_identity,
             encoder_output_widths=dict(encoder_output_widths),
             shared_volume=shared.settings() if shared is not None else None,
             rdma=rdma.settings() if rdma is not None else None,

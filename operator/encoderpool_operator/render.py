@@ -585,7 +585,9 @@ def workload_objects(
     pool: EncoderPool, report: WidthReport, defaults: Defaults
 ) -> list[dict[str, Any]]:
     """Everything that serves traffic, for a measured model: in apply order."""
-    config = pool.spec.connector_config(report.fingerprint, report.encoder_output_widths)
+    config = pool.spec.connector_config(
+        report.fingerprint, report.encoder_output_widths, report.identity
+    )
     objects: list[dict[str, Any]] = []
     if claim := cache_claim(pool):
         objects.append(claim)
