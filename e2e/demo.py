@@ -169,7 +169,8 @@ def main() -> int:
         say("  router", f"{remote:.0f} image encoded by the producer")
         say("  consumer", f"{hits:.0f} embedding loaded from the shared volume (its encoder idle)")
         ok = remote >= 1 and hits >= 1
-    shutil.rmtree(work / "cluster", ignore_errors=True)
+    if ok:
+        shutil.rmtree(work, ignore_errors=True)  # on failure the logs stay for reading
     say("demo", "OK: the pool answered through the router, with the encoder disaggregated"
         if ok else "FAILED: the embedding did not go producer -> consumer")  # fmt: skip
     return 0 if ok else 1
