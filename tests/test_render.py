@@ -106,7 +106,9 @@ def test_pods_run_restricted_and_rdma_adds_only_ipc_lock() -> None:
     rdma = children(load("pool-rdma.yaml"))
     producer = container(rdma, "pool-producer")
     assert producer["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
-    assert any(e["name"] == "UCX_TLS" for e in producer["env"])
+    env = {e["name"]: e for e in producer["env"]}
+    assert "UCX_TLS" in env
+    assert env["ENCODERPOOL_ADVERTISE_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
 
 
 def test_the_width_job_may_write_only_its_own_report() -> None:

@@ -78,6 +78,7 @@ def local_env(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
     fields = {
         "metadata.namespace": pod["metadata"]["namespace"],
         "metadata.name": pod["metadata"]["name"],
+        "status.podIP": "127.0.0.1",  # the pod runs here
     }
     for item in container.get("env", []):
         if "value" in item:

@@ -190,7 +190,7 @@ def vllm_args(pool: EncoderPool, role: str, config: ConnectorConfig) -> list[str
     return args
 
 
-def _rdma_bits(pool: EncoderPool) -> tuple[dict[str, str], list[dict[str, str]], dict[str, Any]]:
+def _rdma_bits(pool: EncoderPool) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, Any]]:
     """Pod annotations, env and resource additions for the rdma transport."""
     rdma = pool.spec.connector.rdma
     if rdma is None:
@@ -198,7 +198,14 @@ def _rdma_bits(pool: EncoderPool) -> tuple[dict[str, str], list[dict[str, str]],
     annotations = {}
     if rdma.networks:
         annotations["k8s.v1.cni.cncf.io/networks"] = ",".join(rdma.networks)
-    env = [{"name": "UCX_TLS", "value": rdma.ucx_transports}]
+    env: list[dict[str, Any]] = [
+        {"name": "UCX_TLS", "value": rdma.ucx_transports},
+        # Producers tell consumers where to READ from: their own pod IP.
+        {
+            "name": "ENCODERPOOL_ADVERTISE_HOST",
+            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+        },
+    ]
     if rdma.ucx_net_devices:
         env.append({"name": "UCX_NET_DEVICES", "value": rdma.ucx_net_devices})
     extra: dict[str, Any] = {}
