@@ -17,7 +17,7 @@ help:
 	@echo "make demo   - local demo: control plane, operator, a sample EncoderPool, one request answered through the pool"
 	@echo "make test   - everything: lint, types, unit tests, real vLLM, real control plane"
 	@echo "make lint   - ruff + mypy"
-	@echo "make crds   - regenerate crds/ from the pydantic models"
+	@echo "make crds   - regenerate crds/ and the chart's generated files from the pydantic models"
 
 venv:
 	@tools/venv.sh >/dev/null
@@ -29,7 +29,8 @@ lint: venv
 	@V=$$(tools/venv.sh); $$V/bin/ruff check . && $$V/bin/ruff format --check . && $$V/bin/mypy
 
 crds: venv
-	@V=$$(tools/venv.sh); $$V/bin/python -m encoderpool_operator.crdgen crds/
+	@V=$$(tools/venv.sh); $$V/bin/python -m encoderpool_operator.crdgen crds/ && \
+	  $$V/bin/python -m encoderpool_operator.chartvalues charts/encoderpool-operator
 
 test: venv cluster-bin
 	@V=$$(tools/venv.sh); export ENCODERPOOL_BIN=$$(e2e/cluster/build.sh); \

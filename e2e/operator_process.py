@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from e2e.vllm_server import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -21,7 +23,12 @@ class OperatorProcess:
     log_path: Path
     namespace: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    metrics_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self) -> OperatorProcess:
         scope = ["--namespace", self.namespace] if self.namespace else ["--all-namespaces"]
@@ -33,6 +40,8 @@ class OperatorProcess:
                 [str(REPO / "operator"), str(REPO / "connector"), str(REPO)]
             ),
             "PYTHONUNBUFFERED": "1",
+            "ENCODERPOOL_METRICS_PORT": str(self.metrics_port),
+            "ENCODERPOOL_METRICS_ADDRESS": "127.0.0.1",
             **self.env,
         }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

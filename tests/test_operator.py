@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import time
+import urllib.request
 
 import pytest
 
@@ -257,3 +259,28 @@ def test_an_operator_killed_mid_measurement_converges_when_restarted(
     jobs = get_json(cluster, "jobs", "-n", namespace, "-l", selector)["items"]
     assert len(jobs) == 1  # the restarted operator adopted the running Job, made no second
     assert got["status"]["encoderOutputWidths"] == {"image": 128}  # type: ignore[index]
+
+
+def test_the_operator_exports_metrics(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    pool = sample_pool()
+    seed_report(cluster, namespace, report_for(pool))
+    apply_pool(cluster, namespace, pool)
+    ready_pool(cluster, namespace)
+
+    def scrape() -> str:
+        with urllib.request.urlopen(operator.metrics_url, timeout=5) as r:
+            return str(r.read().decode())
+
+    text = wait_until(
+        "the metrics to show the Ready pool",
+        lambda: (t := scrape()) and 'encoderpool_operator_pools{ready="True"} 1.0' in t and t,
+    )
+    assert re.search(
+        r'encoderpool_operator_reconciles_total\{result="settled",trigger="\w+"\} [1-9]', text
+    )
+    assert re.search(
+        r'encoderpool_operator_api_writes\{kind="Deployment",verb="PATCH"\} 3\.0', text
+    )
+    assert "encoderpool_operator_reconcile_seconds_count" in text

@@ -83,7 +83,7 @@ class Replica:
 def start_replica(
     container: dict[str, Any], pod_id: str, kubeconfig: Path, workdir: Path
 ) -> Replica:
-    """The container's command, args and env, locally: only the liveness address differs."""
+    """The container's command, args and env, locally: only the listen addresses differ."""
     port = _free_port()
     assert container["command"] == ["kopf"]
     args = [
@@ -101,6 +101,9 @@ def start_replica(
         "ENCODERPOOL_KUBECONFIG": str(kubeconfig),
         "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("operator", "connector", ".")),
         "PYTHONUNBUFFERED": "1",
+        # Two replicas on one machine: each its own metrics port, on loopback.
+        "ENCODERPOOL_METRICS_PORT": str(_free_port()),
+        "ENCODERPOOL_METRICS_ADDRESS": "127.0.0.1",
     }
     log = workdir / f"{pod_id}.log"
     with log.open("ab") as out:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import time
 from collections import defaultdict
 from datetime import datetime, timezone
 from typing import Any
@@ -17,13 +18,16 @@ from typing import Any
 import kopf
 
 from encoderpool_operator import render
-from encoderpool_operator.api import GROUP, PLURAL, VERSION
+from encoderpool_operator.api import GROUP, PLURAL, READY, VERSION
+from encoderpool_operator.conditions import find_condition
 from encoderpool_operator.kube import Kube
+from encoderpool_operator.metrics import OperatorMetrics
 from encoderpool_operator.reconcile import invalid_status, reconcile, write_status
 from encoderpool_operator.settings import OperatorSettings
 
 _CHILD_LABELS = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
 _SETTINGS = OperatorSettings()  # read once, at start-up
+METRICS = OperatorMetrics()
 
 
 @kopf.on.startup()
@@ -54,20 +58,27 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         config.load_incluster_config()
         api = client.ApiClient()
     memo.kube = Kube(api)
+    METRICS.kube = memo.kube
+    if ours.metrics_port:
+        METRICS.serve(ours.metrics_port, ours.metrics_address)
     memo.defaults = render.Defaults(
         router_image=ours.router_image, width_retry_seconds=ours.width_retry_seconds
     )
     memo.locks = defaultdict(threading.Lock)
 
 
-def _pass(body: kopf.Body | dict[str, Any], memo: kopf.Memo, logger: Any, requeue: bool) -> None:
+def _pass(
+    body: kopf.Body | dict[str, Any], memo: kopf.Memo, logger: Any, requeue: bool, trigger: str
+) -> None:
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     now = datetime.now(timezone.utc)
+    started = time.monotonic()
     with memo.locks[key]:
         # Children's events carry a stale copy: read the pool afresh.
         pool = memo.kube.get(f"{GROUP}/{VERSION}", "EncoderPool", *key)
         if pool is None or pool["metadata"].get("deletionTimestamp"):
+            METRICS.set_ready(*key, None)
             return
         try:
             outcome = reconcile(memo.kube, pool, memo.defaults, now)
@@ -75,7 +86,17 @@ def _pass(body: kopf.Body | dict[str, Any], memo: kopf.Memo, logger: Any, requeu
             status = invalid_status(pool, str(e), now)
             write_status(memo.kube, *key, pool.get("status") or {}, status)
             kopf.warn(pool, reason="InvalidSpec", message=str(e))
+            METRICS.passes.labels(trigger, "invalid").inc()
+            METRICS.set_ready(*key, "False")
             raise kopf.PermanentError(str(e)) from None
+        except Exception:
+            METRICS.passes.labels(trigger, "error").inc()
+            raise
+        finally:
+            METRICS.seconds.observe(time.monotonic() - started)
+    ready = find_condition(outcome.status.conditions, READY)
+    METRICS.set_ready(*key, ready.status if ready else "Unknown")
+    METRICS.passes.labels(trigger, "settled" if outcome.requeue_after is None else "waiting").inc()
     for type_, reason, message in outcome.transitions:
         post = kopf.info if reason in ("Available", "Measured", "AllAvailable") else kopf.warn
         post(pool, reason=reason, message=f"{type_}: {message}")
@@ -89,7 +110,7 @@ def _pass(body: kopf.Body | dict[str, Any], memo: kopf.Memo, logger: Any, requeu
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def pool_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    _pass(body, memo, logger, requeue=True)
+    _pass(body, memo, logger, requeue=True, trigger="pool")
 
 
 @kopf.timer(
@@ -101,7 +122,7 @@ def pool_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> Non
 )
 def resync(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """Level-triggered safety net: drift, missed events, elapsed back-offs."""
-    _pass(body, memo, logger, requeue=False)
+    _pass(body, memo, logger, requeue=False, trigger="resync")
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=_CHILD_LABELS)
@@ -112,4 +133,4 @@ def child_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> No
     pool = labels.get(render.LABEL_POOL)
     if pool:
         owner = {"metadata": {"namespace": body["metadata"]["namespace"], "name": pool}}
-        _pass(owner, memo, logger, requeue=False)
+        _pass(owner, memo, logger, requeue=False, trigger="child")

@@ -22,6 +22,15 @@ class OperatorSettings(BaseSettings):
     width_retry_seconds: float = Field(
         default=30.0, ge=1, le=600, description="First back-off after a failed width Job."
     )
+    metrics_port: int = Field(
+        default=8081, ge=0, le=65535, description="Prometheus /metrics port; 0 turns it off."
+    )
+    metrics_address: str = Field(
+        default="0.0.0.0",  # noqa: S104 (in a pod, the port must be reachable for scraping)
+        min_length=1,
+        max_length=253,
+        description="Address the metrics server listens on.",
+    )
     kubeconfig: str | None = Field(
         default=None, description="Kubeconfig for running outside a cluster; in-cluster if unset."
     )
