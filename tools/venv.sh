@@ -71,8 +71,10 @@ touch "$site/vllm-$vllm_version.dist-info/RECORD"
 touch "$venv/.complete"
 # Each venv is ~7 GB: keep this one and the newest other (another checkout may
 # still use it); drop older ones and links left dangling.
-ls -1td "$cache"/venv/py*/.complete 2>/dev/null | tail -n +3 | while read -r old; do
-  rm -rf "$(dirname "$old")"
+current=$(readlink -f "$venv")
+find "$cache/venv" -mindepth 1 -maxdepth 1 -type d -name 'py*' -print0 | xargs -0 -r ls -1td \
+  | tail -n +3 | while read -r old; do
+  [ "$(readlink -f "$old")" = "$current" ] || rm -rf "$old"
 done
 find "$cache/venv" -maxdepth 1 -xtype l -delete 2>/dev/null || true
 if [ $relock = 1 ]; then  # the same venv also answers for the lock it just wrote
