@@ -70,6 +70,33 @@ class RdmaSettings(_Frozen):
     backends: tuple[Literal["UCX"], ...] = Field(
         default=("UCX",), description="NIXL backends, in order of preference."
     )
+    bind_host: str = Field(
+        default="0.0.0.0",  # noqa: S104  # pods: the pod IP is not known to vLLM
+        pattern=r"^[0-9A-Za-z.:-]{1,253}$",
+        description="Address the producer's side channel listens on (0.0.0.0 in pods). "
+        "The address consumers are told comes from env ENCODERPOOL_ADVERTISE_HOST "
+        "(the pod IP), default 127.0.0.1.",
+    )
+    transfer_timeout_ms: Annotated[int, Field(ge=100, le=600_000)] = Field(
+        default=5000,
+        description="How long a consumer lets one READ (metadata fetch included) take before "
+        "it gives up and encodes the item itself.",
+    )
+    metadata_timeout_ms: Annotated[int, Field(ge=50, le=60_000)] = Field(
+        default=2000,
+        description="Connect/read timeout of one side-channel request to a producer.",
+    )
+    slot_ttl_s: Annotated[int, Field(ge=1, le=86_400)] = Field(
+        default=300,
+        description="A producer frees an item's memory once every consumer it was announced "
+        "to confirmed its READ, or after this many seconds, whichever comes first.",
+    )
+    shm_dir: str = Field(
+        default="/dev/shm",  # noqa: S108  # tmpfs shared by vLLM's own processes
+        pattern=r"^/[^\x00]*$",
+        description="Directory (tmpfs) of the host buffer shared by vLLM's scheduler and "
+        "worker processes; in pods mount a memory emptyDir there at least buffer_bytes large.",
+    )
 
 
 class ConnectorConfig(_Frozen):
