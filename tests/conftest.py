@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.fixtures_operator",
     "tests.fixtures_connector",
     "tests.fixtures_router",
+    "tests.fixtures_rdma",
 ]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
