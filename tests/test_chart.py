@@ -174,7 +174,7 @@ def test_no_rbac_and_an_existing_service_account() -> None:
     kinds = by_kind(
         template("--set", "rbac.create=false,serviceAccount.create=false,serviceAccount.name=ops")
     )
-    assert set(kinds) == {"Deployment", "ClusterKopfPeering"}
+    assert set(kinds) == {"Deployment", "ClusterKopfPeering", "Service", "PodDisruptionBudget"}
     assert kinds["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
 
 
@@ -191,6 +191,28 @@ def test_no_rbac_and_an_existing_service_account() -> None:
         ),
         (["--set", "peering.name=Not_A_Name"], "'/peering/name': 'Not_A_Name' does not match"),
         (["--set", "serviceAccount.create=false"], "'/serviceAccount/name': minLength: got 0"),
+        (["--set", "metrics=true"], "'/metrics': got boolean, want object"),
+        (["--set", "metrics.port=80"], "'/metrics/port': minimum: got 80, want 1,024"),
+        (["--set", "metrics.port=8080"], "'/metrics/port': 'not' failed"),  # kopf's health port
+        (["--set", "metrics.path=/m"], "additional properties 'path' not allowed"),
+        (
+            ["--set", "serviceMonitor.enabled=true,metrics.enabled=false"],
+            "'/metrics/enabled': value must be true",
+        ),
+        (["--set", "serviceMonitor.interval=30"], "'/serviceMonitor/interval': got number"),
+        (
+            ["--set", "serviceMonitor.scrapeTimeout=10sec"],
+            "'/serviceMonitor/scrapeTimeout': '10sec' does not match",
+        ),
+        (
+            ["--set-json", 'serviceMonitor.labels={"app.kubernetes.io/name":"x"}'],
+            "invalid propertyName 'app.kubernetes.io/name'",
+        ),
+        (
+            ["--set-json", 'serviceMonitor.labels={"release":"not a value"}'],
+            "'/serviceMonitor/labels/release': 'not a value' does not match",
+        ),
+        (["--set", "podDisruptionBudget.minAvailable=2"], "'minAvailable' not allowed"),
     ],
 )
 def test_wrong_values_fail_with_a_message(args: list[str], message: str) -> None:
@@ -198,6 +220,141 @@ def test_wrong_values_fail_with_a_message(args: list[str], message: str) -> None
         res = helm(*command, *args, check=False)
         assert res.returncode != 0, command
         assert message in res.stdout + res.stderr, (command, res.stdout + res.stderr)
+
+
+# ------------------------------------------------ metrics, monitor, budget
+
+
+def _operator(kinds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return dict(kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0])
+
+
+def test_metrics_service_selects_only_the_operator_pods_on_the_named_port() -> None:
+    kinds = by_kind(template("--set", "metrics.port=9100,podLabels.extra=x"))
+    container, deployment = _operator(kinds), kinds["Deployment"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["ENCODERPOOL_METRICS_PORT"] == "9100"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 9100}
+    service = kinds["Service"]
+    assert service["metadata"]["name"] == "ep-encoderpool-operator-metrics"
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9100, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    # Exactly the Deployment's selector labels: only this release's operator pods, never a
+    # pool's pods, and nothing a podLabels value or an upgrade (version label) changes.
+    selector = service["spec"]["selector"]
+    assert selector == deployment["spec"]["selector"]["matchLabels"]
+    assert set(selector) == {
+        "app.kubernetes.io/name",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/component",
+    }
+    assert selector["app.kubernetes.io/component"] == "operator"
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_metrics_disabled_turns_the_operators_server_off() -> None:
+    kinds = by_kind(template("--set", "metrics.enabled=false"))
+    container = _operator(kinds)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["ENCODERPOOL_METRICS_PORT"] == "0"
+    assert [p["name"] for p in container["ports"]] == ["health"]
+    assert "Service" not in kinds
+    assert "ServiceMonitor" not in kinds
+
+
+def test_service_monitor_scrapes_the_metrics_services_port() -> None:
+    assert "ServiceMonitor" not in by_kind(template())  # off by default
+    kinds = by_kind(
+        template(
+            "--set", "serviceMonitor.enabled=true,serviceMonitor.interval=1m,"
+            "serviceMonitor.scrapeTimeout=20s,serviceMonitor.labels.release=kps",
+        )
+    )  # fmt: skip
+    monitor, service = kinds["ServiceMonitor"], kinds["Service"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["encoderpool-system"]}
+    # It selects the Service by its labels, and scrapes the Service's port by name.
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= (
+        service["metadata"]["labels"].items()
+    )
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint == {
+        "port": "metrics",
+        "path": "/metrics",
+        "scheme": "http",
+        "interval": "1m",
+        "scrapeTimeout": "20s",
+    }
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    # ... which forwards to the container port of that name.
+    target = service["spec"]["ports"][0]["targetPort"]
+    assert target in {p["name"] for p in _operator(kinds)["ports"]}
+
+
+@pytest.mark.parametrize(
+    ("interval", "timeout", "ok"),
+    [("1m", "60s", True), ("30s", "31s", False), ("1m30s", "1m31s", False), ("500ms", "1s", False)],
+)
+def test_service_monitor_timeout_is_at_most_its_interval(
+    interval: str, timeout: str, ok: bool
+) -> None:
+    """JSON Schema cannot compare two fields: the template fails (and the model refuses)."""
+    args = (
+        "--set",
+        f"serviceMonitor.enabled=true,serviceMonitor.interval={interval},"
+        f"serviceMonitor.scrapeTimeout={timeout}",
+    )
+    res = helm("template", "ep", str(CHART), *args, check=False)
+    assert (res.returncode == 0) is ok, res.stderr
+    values = {"serviceMonitor": {"enabled": True, "interval": interval, "scrapeTimeout": timeout}}
+    if ok:
+        chartvalues.ChartValues.model_validate(values)
+    else:
+        assert f"scrapeTimeout: {timeout} is longer than serviceMonitor.interval" in res.stderr
+        with pytest.raises(ValueError, match="scrapeTimeout: longer than"):
+            chartvalues.ChartValues.model_validate(values)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "enabled", "rendered"),
+    [(1, True, False), (2, True, True), (3, True, True), (2, False, False)],
+)
+def test_pod_disruption_budget_only_with_more_than_one_replica(
+    replicas: int, enabled: bool, rendered: bool
+) -> None:
+    kinds = by_kind(
+        template("--set", f"replicaCount={replicas},podDisruptionBudget.enabled={enabled}")
+    )
+    assert ("PodDisruptionBudget" in kinds) is rendered
+    if rendered:
+        pdb = kinds["PodDisruptionBudget"]
+        assert pdb["apiVersion"] == "policy/v1"
+        assert pdb["spec"]["minAvailable"] == 1
+        assert (
+            pdb["spec"]["selector"]["matchLabels"]
+            == kinds["Deployment"]["spec"]["selector"]["matchLabels"]
+        )
+
+
+def test_the_monitoring_values_set_enables_metrics_monitor_and_budget() -> None:
+    kinds = by_kind(template("--values", str(CHART / "ci" / "monitoring-values.yaml")))
+    assert {"Service", "ServiceMonitor", "PodDisruptionBudget"} <= set(kinds)
+
+
+def test_the_model_refuses_what_the_schema_refuses() -> None:
+    """The cross-field rules hold for GitOps values validated by the model, too."""
+    for values, message in (
+        ({"serviceMonitor": {"enabled": True}, "metrics": {"enabled": False}}, "needs metrics"),
+        ({"metrics": {"port": 8080}}, "kopf's health port"),
+        ({"serviceMonitor": {"labels": {"helm.sh/chart": "x"}}}, "not a label key of its own"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            chartvalues.ChartValues.model_validate(values)
 
 
 def test_rbac_json_lists_each_reason() -> None:

@@ -31,7 +31,8 @@ def _names(cluster: LocalCluster, namespace: str, release: str) -> set[str]:
     """kind/name of everything the release labelled, namespaced and cluster-scoped."""
     selector = f"app.kubernetes.io/instance={release}"
     out = cluster.kubectl(
-        "get", "deployment,serviceaccount,role,rolebinding,kopfpeering", "-n", namespace,
+        "get", "deployment,serviceaccount,role,rolebinding,kopfpeering,service,poddisruptionbudget",
+        "-n", namespace,
         "-l", selector, "-o", "name",
     ) + cluster.kubectl(
         "get", "clusterrole,clusterrolebinding,clusterkopfpeering", "-l", selector, "-o", "name"
@@ -46,22 +47,26 @@ def test_install_upgrade_uninstall(
     full = f"{release}-encoderpool-operator"
     installed = helm("install", release, str(CHART), "-n", namespace, kubeconfig=kube).stdout
     assert "Next: apply an EncoderPool" in installed  # NOTES.txt
+    assert "Prometheus /metrics on port 8081" in installed
     assert _names(cluster, namespace, release) == {
         f"deployment.apps/{full}",
         f"serviceaccount/{full}",
         f"clusterrole.rbac.authorization.k8s.io/{full}",
         f"clusterrolebinding.rbac.authorization.k8s.io/{full}",
         f"clusterkopfpeering.kopf.dev/{full}",
+        f"service/{full}-metrics",
+        f"poddisruptionbudget.policy/{full}",
     }
     for name in ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev", crd):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}")
     pool = sample_pool()
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pool))
 
-    # Upgrade: new values roll the Deployment; a scope change swaps the RBAC kinds.
+    # Upgrade: new values roll the Deployment; a scope change swaps the RBAC kinds; one
+    # replica drops the PodDisruptionBudget, metrics off drops the Service.
     helm(
         "upgrade", release, str(CHART), "-n", namespace,
-        "--set", "scope=namespace,replicaCount=1,operator.resyncSeconds=120",
+        "--set", "scope=namespace,replicaCount=1,operator.resyncSeconds=120,metrics.enabled=false",
         kubeconfig=kube,
     )  # fmt: skip
     assert _names(cluster, namespace, release) == {
@@ -77,6 +82,8 @@ def test_install_upgrade_uninstall(
     assert f"--namespace={namespace}" in container["args"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["ENCODERPOOL_RESYNC_SECONDS"] == "120"
+    assert env["ENCODERPOOL_METRICS_PORT"] == "0"
+    assert [p["name"] for p in container["ports"]] == ["health"]
     history = json.loads(
         helm("history", release, "-n", namespace, "-o", "json", kubeconfig=kube).stdout
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +31,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from encoderpool_operator import crdgen, rbac
 
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
+# A label key (optional DNS-subdomain prefix, then a name) and a label value.
+_LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+_CHART_LABELS = r"^(app\.kubernetes\.io|helm\.sh)/"  # the chart's own labels: not overridable
+# A Prometheus duration, hours to milliseconds in that order ("30s", "1m30s", "500ms").
+_DURATION = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?$"
+_DURATION_MS = {"h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1}
+HEALTH_PORT = 8080  # kopf's --liveness endpoint in templates/deployment.yaml
 
 
 class _Values(BaseModel):
@@ -134,8 +146,107 @@ class Resources(_Values):
     limits: dict[str, Quantity] = Field(default_factory=_limits, max_length=16)
 
 
+def duration_ms(text: str) -> int:
+    """A Prometheus duration matching _DURATION, in milliseconds."""
+    return sum(int(n) * _DURATION_MS[unit] for n, unit in re.findall(r"([0-9]+)(ms|h|m|s)", text))
+
+
+class Metrics(_Values):
+    enabled: bool = Field(
+        default=True,
+        description="Serve the operator's Prometheus /metrics (ENCODERPOOL_METRICS_PORT; 0 when "
+        "false) on the container port named metrics, behind a ClusterIP Service. Every replica "
+        "serves it; only the active peer reconciles, so a standby reports zero reconciles and "
+        "no pools.",
+    )
+    port: int = Field(
+        default=8081,
+        ge=1024,
+        le=65535,
+        json_schema_extra={"not": {"const": HEALTH_PORT}},
+        description=f"Container and Service port of /metrics; unprivileged (the pod runs as "
+        f"uid 1000), and not {HEALTH_PORT}, kopf's health port.",
+    )
+
+    @model_validator(mode="after")
+    def _not_the_health_port(self) -> Metrics:
+        if self.port == HEALTH_PORT:
+            raise ValueError(f"metrics.port: {HEALTH_PORT} is kopf's health port")
+        return self
+
+
+class ServiceMonitor(_Values):
+    # scrapeTimeout <= interval cannot be said in JSON Schema; the template fails on it
+    # (helm template, install, upgrade; helm lint ignores a template's `fail`).
+    enabled: bool = Field(
+        default=False,
+        description="Render a monitoring.coreos.com/v1 ServiceMonitor (prometheus-operator's "
+        "CRD must be installed) for the metrics Service. Needs metrics.enabled.",
+    )
+    interval: str = Field(
+        default="30s",
+        min_length=2,
+        max_length=32,
+        pattern=_DURATION,
+        description="How often Prometheus scrapes each replica (a duration: 30s, 1m).",
+    )
+    scrape_timeout: str = Field(
+        default="10s",
+        min_length=2,
+        max_length=32,
+        pattern=_DURATION,
+        alias="scrapeTimeout",
+        description="Scrape timeout; at most the interval.",
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=16,
+        json_schema_extra={
+            "propertyNames": {
+                "maxLength": 253,
+                "pattern": _LABEL_KEY,
+                "not": {"pattern": _CHART_LABELS},
+            },
+            "additionalProperties": {"type": "string", "maxLength": 63, "pattern": _LABEL_VALUE},
+        },
+        description="Extra labels on the ServiceMonitor, e.g. what your Prometheus's "
+        "serviceMonitorSelector matches (release: kube-prometheus-stack). Not the chart's own "
+        "app.kubernetes.io/ or helm.sh/ labels.",
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> ServiceMonitor:
+        if duration_ms(self.scrape_timeout) > duration_ms(self.interval):
+            raise ValueError("serviceMonitor.scrapeTimeout: longer than serviceMonitor.interval")
+        for key, value in self.labels.items():
+            if not re.match(_LABEL_KEY, key) or re.match(_CHART_LABELS, key):
+                raise ValueError(f"serviceMonitor.labels: {key!r} is not a label key of its own")
+            if len(value) > 63 or not re.match(_LABEL_VALUE, value):
+                raise ValueError(f"serviceMonitor.labels: {value!r} is not a label value")
+        return self
+
+
+class PodDisruptionBudget(_Values):
+    enabled: bool = Field(
+        default=True,
+        description="With replicaCount > 1, a policy/v1 PodDisruptionBudget with minAvailable: 1, "
+        "so a node drain never evicts every operator replica at once.",
+    )
+
+
 class ChartValues(_Values):
     """values.yaml of charts/encoderpool-operator."""
+
+    # The schema's half of _service_monitor_needs_metrics (helm lint ignores a template's fail).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {
+                "properties": {"serviceMonitor": {"properties": {"enabled": {"const": True}}}},
+                "required": ["serviceMonitor"],
+            },
+            "then": {"properties": {"metrics": {"properties": {"enabled": {"const": True}}}}},
+        }
+    )
 
     name_override: str = Field(default="", max_length=63, alias="nameOverride")
     fullname_override: str = Field(default="", max_length=63, alias="fullnameOverride")
@@ -159,6 +270,11 @@ class ChartValues(_Values):
     rbac: Rbac = Field(default_factory=Rbac)
     peering: Peering = Field(default_factory=Peering)
     operator: Operator = Field(default_factory=Operator)
+    metrics: Metrics = Field(default_factory=Metrics)
+    service_monitor: ServiceMonitor = Field(default_factory=ServiceMonitor, alias="serviceMonitor")
+    pod_disruption_budget: PodDisruptionBudget = Field(
+        default_factory=PodDisruptionBudget, alias="podDisruptionBudget"
+    )
     resources: Resources = Field(
         default_factory=Resources, description="The operator container's resources."
     )
@@ -168,6 +284,12 @@ class ChartValues(_Values):
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=32)
     affinity: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _service_monitor_needs_metrics(self) -> ChartValues:
+        if self.service_monitor.enabled and not self.metrics.enabled:
+            raise ValueError("serviceMonitor.enabled: needs metrics.enabled")
+        return self
 
 
 def schema() -> dict[str, Any]:

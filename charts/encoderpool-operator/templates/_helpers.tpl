@@ -56,3 +56,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "encoderpool.clusterWide" -}}
 {{- if eq .Values.scope "cluster" }}true{{ end }}
 {{- end }}
+
+{{/* The operator's ENCODERPOOL_METRICS_PORT: 0 (off) unless metrics.enabled. */}}
+{{- define "encoderpool.metricsPort" -}}
+{{- if .Values.metrics.enabled }}{{ int .Values.metrics.port }}{{ else }}0{{ end }}
+{{- end }}
+
+{{/* A Prometheus duration ("1m30s", "500ms") in milliseconds. */}}
+{{- define "encoderpool.durationMs" -}}
+{{- $ms := 0 }}
+{{- range regexFindAll "[0-9]+(ms|h|m|s)" . -1 }}
+{{- $n := int (regexFind "^[0-9]+" .) }}
+{{- $unit := regexFind "[a-z]+$" . }}
+{{- $ms = add $ms (mul $n (get (dict "h" 3600000 "m" 60000 "s" 1000 "ms" 1) $unit)) }}
+{{- end }}
+{{- $ms }}
+{{- end }}
