@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from encoderpool_operator import rbac
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import LocalCluster
 from e2e.cluster.kubelet import service_account_kubeconfig
@@ -66,6 +67,7 @@ class Replica:
     proc: subprocess.Popen[bytes]
     log: Path
     health_port: int
+    metrics_port: int
 
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -84,7 +86,7 @@ def start_replica(
     container: dict[str, Any], pod_id: str, kubeconfig: Path, workdir: Path
 ) -> Replica:
     """The container's command, args and env, locally: only the listen addresses differ."""
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     assert container["command"] == ["kopf"]
     args = [
         f"--liveness=http://127.0.0.1:{port}/healthz" if a.startswith("--liveness=") else a
@@ -95,6 +97,9 @@ def start_replica(
         if "value" in item:
             env[item["name"]] = item["value"]
     assert [e["name"] for e in container["env"] if "valueFrom" in e] == ["POD_ID"]
+    # The chart serves metrics on the container port it names so (the Service's target).
+    ports = {p["name"]: str(p["containerPort"]) for p in container["ports"]}
+    assert env["ENCODERPOOL_METRICS_PORT"] == ports["metrics"]
     env |= {
         "POD_ID": pod_id,
         "KUBECONFIG": str(kubeconfig),
@@ -102,7 +107,7 @@ def start_replica(
         "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("operator", "connector", ".")),
         "PYTHONUNBUFFERED": "1",
         # Two replicas on one machine: each its own metrics port, on loopback.
-        "ENCODERPOOL_METRICS_PORT": str(_free_port()),
+        "ENCODERPOOL_METRICS_PORT": str(metrics_port),
         "ENCODERPOOL_METRICS_ADDRESS": "127.0.0.1",
     }
     log = workdir / f"{pod_id}.log"
@@ -115,7 +120,7 @@ def start_replica(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    return Replica(pod_id, proc, log, port)
+    return Replica(pod_id, proc, log, port, metrics_port)
 
 
 def working(replica: Replica) -> bool:
@@ -132,6 +137,26 @@ def healthy(replica: Replica) -> bool:
             return bool(resp.status == 200)
     except OSError:
         return False
+
+
+def scrape(replica: Replica) -> dict[str, float]:
+    """The replica's /metrics: each sample as 'name{k="v",...}' -> value."""
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{replica.metrics_port}/metrics", timeout=5
+    ) as resp:
+        text = resp.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out
+
+
+def reconciles(samples: dict[str, float]) -> float:
+    return sum(
+        v for k, v in samples.items() if k.startswith("encoderpool_operator_reconciles_total")
+    )
 
 
 def pool_state(cluster: LocalCluster, ns: str) -> dict[str, Any]:
@@ -245,12 +270,24 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
         standby = next(r for r in replicas if r.pod_id != active_id)
         wait_until("the active replica to work", lambda: working(active))
         wait_until("the standby to wait", lambda: not working(standby))
+        # What the standby counted before it paused: when two replicas start together both
+        # work for a moment (cluster scope: an earlier test's leftover pool, say).
+        standby_before = scrape(standby)
 
         # 1. A new model: width Job (its ServiceAccount, Role, RoleBinding), then Ready.
         pool = sample_pool()
         cluster.kubectl("apply", "-n", pool_ns, "-f", "-", input=json.dumps(pool))
         finish_width_pod(cluster, pool_ns, pool, width=128)
         ready_with(cluster, pool_ns, encoderOutputWidths={"image": 128}, consumers="1/1")
+        # Both replicas serve /metrics; only the active one reconciled, and counts the pool.
+        wait_until(
+            "the active replica's metrics to count the pool Ready",
+            lambda: scrape(active).get('encoderpool_operator_pools{ready="True"}') == 1.0,
+        )
+        assert reconciles(scrape(active)) > 0
+        standby_after, ready = scrape(standby), 'encoderpool_operator_pools{ready="True"}'
+        assert reconciles(standby_after) == reconciles(standby_before)  # no reconcile while standby
+        assert standby_after[ready] == standby_before[ready]
         # 2. Scale.
         cluster.kubectl(
             "patch", "encoderpool", "tiny", "-n", pool_ns, "--type=merge",
