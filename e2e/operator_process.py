@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from e2e.processes import log_tail, start_group, stop_group
 from e2e.vllm_server import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,37 +43,19 @@ class OperatorProcess:
             "ENCODERPOOL_METRICS_ADDRESS": "127.0.0.1",
             **self.env,
         }
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kopf", "run", "--standalone", "--verbose",
-                 "-m", "encoderpool_operator.handlers", *scope],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )  # fmt: skip
+        argv = [sys.executable, "-m", "kopf", "run", "--standalone", "--verbose",
+                "-m", "encoderpool_operator.handlers", *scope]  # fmt: skip
+        self.proc = start_group(argv, env, self.log_path)
         return self
 
     def stop(self, kill: bool = False) -> None:
         """SIGTERM (or SIGKILL, to test a crash) the process group we started."""
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
+        if self.proc is not None:
+            stop_group(self.proc, kill=kill)
         self.proc = None
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def log_tail(self, lines: int = 60) -> str:
-        if not self.log_path.exists():
-            return "(no log)"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.log_path, lines)

@@ -10,11 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.media import MODEL
+from e2e.processes import log_tail, start_group, stop_group, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -105,63 +104,23 @@ class VllmServer:
         ]  # fmt: skip
 
     def start(self) -> VllmServer:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.command(),
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: stop all of it by our PID
-            )
+        self.proc = start_group(self.command(), self.env, self.log_path)
         return self
 
     def wait_ready(self, timeout: float = 240.0) -> VllmServer:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None, "start() first"
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM server {self.name} exited with {self.proc.returncode}; "
-                    f"log {self.log_path}:\n{self.log_tail()}"
-                )
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(self.url + "/health", timeout=2) as r,
-            ):
-                if r.status == 200:
-                    return self
-            time.sleep(0.5)
-        raise TimeoutError(
-            f"vLLM server {self.name} not healthy after {timeout:.0f}s; "
-            f"log {self.log_path}:\n{self.log_tail()}"
+        assert self.proc is not None, "start() first"
+        wait_healthy(
+            self.proc, self.url + "/health", f"vLLM server {self.name}", self.log_path, timeout
         )
+        return self
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the process group we started, then SIGKILL what is left."""
-        if self.proc is None or self.proc.poll() is not None:
-            self._reap()
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout)
-        self._reap()
-
-    def _reap(self) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers: engine core, workers
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
+        if self.proc is not None:
+            stop_group(self.proc, timeout)
 
     def log_tail(self, lines: int = 80) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster.runner import EXIT_CODE_ANNOTATION, LocalCluster
+from e2e.cluster.runner import EXIT_CODE_ANNOTATION, LocalCluster, write_kubeconfig
+from e2e.processes import start_group, stop_group, wait_healthy
 
 
 @dataclass(frozen=True)
@@ -37,30 +38,9 @@ def service_account_kubeconfig(
     token = cluster.kubectl(
         "create", "token", service_account, "-n", namespace, "--duration=1h"
     ).strip()
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": cluster.server,
-                    "certificate-authority": str(cluster.pki / "ca.crt"),
-                },
-            }
-        ],
-        "users": [{"name": service_account, "user": {"token": token}}],
-        "contexts": [
-            {
-                "name": "sa",
-                "context": {"cluster": "local", "user": service_account, "namespace": namespace},
-            }
-        ],
-        "current-context": "sa",
-    }
-    out.write_text(json.dumps(config))
-    out.chmod(0o600)
-    return out
+    return write_kubeconfig(
+        out, cluster.server, cluster.pki / "ca.crt", service_account, {"token": token}, namespace
+    )
 
 
 def local_argv(container: dict[str, Any]) -> list[str]:
@@ -195,16 +175,7 @@ class LocalPod:
     def start(self) -> LocalPod:
         container = self.pod["spec"]["containers"][0]
         env = {**local_env(self.pod, container), **self.env}
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv(),
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self.proc = start_group(self.argv(), env, self.log_path)
         return self
 
     @property
@@ -212,35 +183,11 @@ class LocalPod:
         return f"http://127.0.0.1:{self.port}"
 
     def wait_healthy(self, timeout: float = 300.0) -> None:
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{self.pod['metadata']['name']} exited:\n{tail}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"{self.pod['metadata']['name']} not healthy in {timeout:.0f}s")
+        assert self.proc is not None, "start() first"
+        name = self.pod["metadata"]["name"]
+        wait_healthy(self.proc, self.url + "/health", name, self.log_path, timeout)
 
     def stop(self) -> None:
-        import contextlib
-        import signal
-
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        if self.proc is not None:
+            stop_group(self.proc, 30)
         self.proc = None

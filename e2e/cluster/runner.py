@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.processes import log_tail, start_group, stop_group
+
 HERE = Path(__file__).resolve().parent
 # The stock kwok stages we use (from the kwok module), plus our own pod-exit.
 KWOK_STAGES = [
@@ -102,33 +104,35 @@ def make_pki(d: Path) -> None:
     (d / "done").touch()
 
 
-def write_kubeconfig(path: Path, pki: Path, port: int, user: str = "admin") -> None:
+def write_kubeconfig(
+    path: Path,
+    server: str,
+    ca: Path,
+    user: str,
+    credentials: dict[str, str],
+    namespace: str | None = None,
+) -> Path:
+    """A one-context kubeconfig (JSON is YAML: kubectl, the Python client and kopf read it)."""
+    context: dict[str, str] = {"cluster": "local", "user": user}
+    if namespace:
+        context["namespace"] = namespace
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": f"https://127.0.0.1:{port}",
-                    "certificate-authority": str(pki / "ca.crt"),
-                },
-            }
+            {"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}
         ],
-        "users": [
-            {
-                "name": user,
-                "user": {
-                    "client-certificate": str(pki / f"{user}.crt"),
-                    "client-key": str(pki / f"{user}.key"),
-                },
-            }
-        ],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": "local", "context": context}],
         "current-context": "local",
     }
-    path.write_text(json.dumps(config, indent=1))  # JSON is YAML: kubectl and clients read it
+    path.write_text(json.dumps(config, indent=1))
     path.chmod(0o600)
+    return path
+
+
+def cert_credentials(pki: Path, user: str) -> dict[str, str]:
+    return {"client-certificate": str(pki / f"{user}.crt"), "client-key": str(pki / f"{user}.key")}
 
 
 @dataclass
@@ -186,16 +190,9 @@ class LocalCluster:
         return f"https://127.0.0.1:{self.port}"
 
     def _run(self, name: str, *args: str) -> None:
-        log = (self.state / f"{name}.log").open("ab")
-        self.procs[name] = subprocess.Popen(
-            [str(self.bins / name if name != "etcd" else self.bins / "etcd"), *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
-        (self.state / f"{name}.pid").write_text(str(self.procs[name].pid))
+        proc = start_group([str(self.bins / name), *args], os.environ, self.state / f"{name}.log")
+        self.procs[name] = proc
+        (self.state / f"{name}.pid").write_text(str(proc.pid))
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         """Run the built kubectl against this cluster as admin; returns stdout."""
@@ -213,8 +210,9 @@ class LocalCluster:
     def start(self, timeout: float = 120.0) -> LocalCluster:
         self.state.mkdir(parents=True, exist_ok=True)
         make_pki(self.pki)
-        write_kubeconfig(self.kubeconfig, self.pki, self.port)
-        write_kubeconfig(self.operator_kubeconfig, self.pki, self.port, OPERATOR_USER)
+        ca = self.pki / "ca.crt"
+        for path, user in ((self.kubeconfig, "admin"), (self.operator_kubeconfig, OPERATOR_USER)):
+            write_kubeconfig(path, self.server, ca, user, cert_credentials(self.pki, user))
         (self.state / "audit-policy.json").write_text(json.dumps(AUDIT_POLICY))
         etcd_port, peer_port = _free_port(), _free_port()
         p = self.pki
@@ -313,9 +311,7 @@ class LocalCluster:
         )
 
     def log_tail(self, name: str, lines: int = 40) -> str:
-        path = self.state / f"{name}.log"
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.state / f"{name}.log", lines)
 
     def stop(self) -> None:
         """SIGTERM each process group we started (reverse order), then SIGKILL."""
@@ -323,14 +319,7 @@ class LocalCluster:
             proc = self.procs.pop(name, None)
             if proc is None:
                 continue
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+            stop_group(proc, 15)
             (self.state / f"{name}.pid").unlink(missing_ok=True)
 
     def __enter__(self) -> LocalCluster:
