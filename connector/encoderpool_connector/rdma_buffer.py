@@ -226,7 +226,18 @@ class SharedRegion:
         fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
         try:
             if create:
-                os.ftruncate(fd, size)
+                # Allocate every page now: a tmpfs too small for the buffer fails here with a
+                # clear message instead of a SIGBUS on some later write, and first-touch page
+                # allocation stays off the encoder step.
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as e:
+                    raise OSError(
+                        e.errno,
+                        f"rdma.buffer_bytes: cannot allocate {size} bytes in {path} "
+                        f"({e.strerror}); make rdma.shm_dir larger (in pods: a memory emptyDir "
+                        "at /dev/shm with a sizeLimit above buffer_bytes) or lower buffer_bytes",
+                    ) from None
             elif os.fstat(fd).st_size < size:
                 raise ValueError(f"{path} holds {os.fstat(fd).st_size} bytes, expected {size}")
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ

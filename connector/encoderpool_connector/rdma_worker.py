@@ -141,9 +141,10 @@ class RdmaWorker:
         view = self.region.view
         view[plan.offset : plan.offset + 8] = bytes(8)  # invalidate the old header first
         start = plan.offset + HEADER_BYTES
+        dst = torch.frombuffer(self.region.map, dtype=torch.uint8, count=nbytes, offset=start)
+        dst.copy_(t.view(torch.uint8).reshape(-1))  # torch's copy: several times memoryview's
+        del dst
         payload = view[start : start + nbytes]
-        src = memoryview(t.view(torch.uint8).reshape(-1).numpy()).cast("B")
-        payload[:] = src
         digest = blake3.blake3(payload, max_threads=blake3.blake3.AUTO).digest()
         header = SlotHeader(
             plan.generation,
@@ -200,9 +201,9 @@ class RdmaWorker:
             nbytes = count * torch.empty((), dtype=dtype).element_size()
             if plan.offset < 0 or plan.offset + nbytes > region.size:
                 raise ValueError(f"load of {nbytes} bytes at {plan.offset} is outside the region")
-            buf = torch.empty(nbytes, dtype=torch.uint8)
-            memoryview(buf.numpy()).cast("B")[:] = region.view[plan.offset : plan.offset + nbytes]
-            tensor = buf.view(dtype).view(plan.shape)
+            src = torch.frombuffer(region.map, dtype=torch.uint8, count=nbytes, offset=plan.offset)
+            tensor = src.clone().view(dtype).view(plan.shape)
+            del src
             device = self._target_device()
             if device.type != "cpu":
                 tensor = tensor.to(device)
