@@ -150,6 +150,7 @@ def producer(shm_dir: str) -> Iterator[Producer]:
     p = Producer(shm_dir)
     yield p
     p.stop()
+    assert p.proc.returncode == 0, "the producer did not exit cleanly (UCX abort at exit?)"
 
 
 def pull(puller: Puller, coords: Coordinates, local: int = 0, timeout: float = 10.0) -> PullResult:

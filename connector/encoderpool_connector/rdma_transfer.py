@@ -9,6 +9,7 @@ producer that does not answer delays only the items that need it.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import logging
 import os
@@ -187,6 +188,7 @@ class Puller:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="ep-puller", daemon=True)
         self._thread.start()
+        atexit.register(self.close)  # vLLM skips shutdown() on some exit paths
 
     # ---- engine-loop side ----
 
@@ -208,6 +210,7 @@ class Puller:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.close)
         self._inbox.put(None)
         self._thread.join(10)
         self._fetcher.shutdown(wait=False, cancel_futures=True)
@@ -232,11 +235,30 @@ class Puller:
             logger.error("encoderpool: the RDMA puller thread died: %r", e)
         finally:
             for j in self._waiting + self._inflight:
+                self._release(j)
                 self._finish(j, PullResult(False, "consumer shutting down", kind="failed"))
+            self._teardown()
+
+    def _teardown(self) -> None:
+        """Disconnect every producer while this thread can still drive progress: UCX aborts
+        the process at exit (arbiter assertion) if an endpoint to a dead peer still holds
+        operations when the agent is destroyed."""
+        for peer in self._peers.values():
             try:
-                self._agent.deregister_memory(self._reg)
+                self._agent.remove_remote_agent(peer.name)
             except Exception as e:
-                logger.debug("encoderpool: deregistering the consumer region: %r", e)
+                logger.debug("encoderpool: removing agent %s: %r", peer.name, e)
+        self._peers.clear()
+        for _ in range(20):
+            try:
+                self._agent.get_new_notifs()  # progress: lets the disconnects complete
+            except Exception:
+                break
+            time.sleep(0.001)
+        try:
+            self._agent.deregister_memory(self._reg)
+        except Exception as e:
+            logger.debug("encoderpool: deregistering the consumer region: %r", e)
 
     def _accept(self, job: _Job) -> None:
         key = (job.coords.host, job.coords.port)
@@ -271,6 +293,7 @@ class Puller:
             except (OSError, WireError, ValueError, RuntimeError) as e:
                 reason = f"side channel {key[0]}:{key[1]}: {e}"
                 self._failed_peers[key] = (time.monotonic(), reason)
+                self._drop_peer(key)
                 for j in waiters:
                     self._finish(j, PullResult(False, reason, kind="unreachable"))
                 continue
@@ -289,6 +312,18 @@ class Puller:
         for j in [j for j in self._waiting if now > j.deadline]:
             self._waiting.remove(j)
             self._finish(j, PullResult(False, "metadata fetch timed out", kind="timeout"))
+
+    def _drop_peer(self, key: tuple[str, int]) -> None:
+        """Forget a producer that stopped answering (pods come and go: do not pile up dead
+        endpoints), unless a READ to it is still in flight."""
+        peer = self._peers.get(key)
+        if peer is None or any(j.peer == key for j in self._inflight):
+            return
+        del self._peers[key]
+        try:
+            self._agent.remove_remote_agent(peer.name)
+        except Exception as e:
+            logger.debug("encoderpool: removing agent %s: %r", peer.name, e)
 
     def _add_peer(self, key: tuple[str, int], info: PeerInfo) -> _Peer:
         if info.fingerprint != self.fingerprint:
