@@ -79,6 +79,17 @@ def advertise_host() -> str:
     return host
 
 
+def _tp_rank() -> int:
+    """This worker's tensor-parallel rank: every rank holds the same encoder output, and only
+    rank 0 copies it (the scheduler may read the slot before other ranks finish their step)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # not initialised: a single worker
+        return 0
+
+
 class EncoderPoolNixlConnector(ECConnectorBase):  # type: ignore[misc]  # untyped base
     """Encoder outputs pulled from producers' registered memory with NIXL READs."""
 
@@ -93,7 +104,10 @@ class EncoderPoolNixlConnector(ECConnectorBase):  # type: ignore[misc]  # untype
             from encoderpool_connector.rdma_worker import RdmaWorker
 
             self._worker = RdmaWorker(
-                self.config, is_producer=self.is_producer, is_consumer=self.is_consumer
+                self.config,
+                is_producer=self.is_producer,
+                is_consumer=self.is_consumer,
+                writer=_tp_rank() == 0,
             )
         rd = self.config.rdma
         assert rd is not None

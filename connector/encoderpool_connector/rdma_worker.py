@@ -43,13 +43,15 @@ SUMMARY_EVERY_S = 30.0
 class RdmaWorker:
     """Worker-role logic; the connector class only routes to it."""
 
-    def __init__(self, config: ConnectorConfig, *, is_producer: bool, is_consumer: bool) -> None:
+    def __init__(
+        self, config: ConnectorConfig, *, is_producer: bool, is_consumer: bool, writer: bool = True
+    ) -> None:
         rd = config.rdma
         assert rd is not None
         self.config = config
         self.shm_dir = rd.shm_dir
         self.ttl = float(rd.slot_ttl_s)
-        self.is_producer = is_producer
+        self.is_producer = is_producer and writer  # tensor-parallel rank 0 copies, once
         self.is_consumer = is_consumer
         self.region: SharedRegion | None = None
         self._pending: dict[str, tuple[WritePlan, float]] = {}
