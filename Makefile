@@ -11,6 +11,7 @@ export DO_NOT_TRACK := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/connector:$(CURDIR)
 PYTEST_ARGS ?=
+DEMO_ARGS ?=      # e.g. DEMO_ARGS="--transport rdma"
 
 .PHONY: help venv cluster-bin lint crds test demo clean-cache
 help:
@@ -39,7 +40,7 @@ test: venv cluster-bin
 
 demo: venv cluster-bin
 	@V=$$(tools/venv.sh); export ENCODERPOOL_BIN=$$(e2e/cluster/build.sh); \
-	  $$V/bin/python -m e2e.demo
+	  $$V/bin/python -m e2e.demo $(DEMO_ARGS)
 
 clean-cache:
 	rm -rf $(ENCODERPOOL_CACHE)

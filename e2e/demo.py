@@ -11,6 +11,7 @@ router. Everything started is stopped by PID at the end.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -50,10 +51,20 @@ def stage(step: str) -> Iterator[None]:
     say(step, f"done in {time.monotonic() - start:.1f}s")
 
 
-def pool_manifest(model: Path) -> dict[str, Any]:
+def pool_manifest(model: Path, transport: str) -> dict[str, Any]:
+    """The sample pool, serving the local model, over the chosen transport."""
     pool = yaml.safe_load((REPO / "examples" / "pool-shared-volume.yaml").read_text())
     pool["metadata"] = {"name": POOL, "namespace": NAMESPACE}
     pool["spec"]["model"]["name"] = str(model)  # the pods' model path: here, the local build
+    if transport == "rdma":
+        # NIXL over UCX on TCP and shared memory: what these machines have instead of a NIC.
+        pool["spec"]["connector"] = {
+            "rdma": {
+                "ucxTransports": "tcp,self,sm",
+                "sideChannelPort": free_port(),
+                "bufferSize": "256Mi",
+            }
+        }
     return dict(pool)
 
 
@@ -97,9 +108,12 @@ def metric(url: str, name: str, labels: str = "") -> float:
     return total
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__)
+    parser.add_argument("--transport", choices=["sharedVolume", "rdma"], default="sharedVolume")
+    transport = parser.parse_args(argv).transport
     work = Path(tempfile.mkdtemp(prefix="encoderpool-demo-"))
-    say("encoderpool demo", f"logs and state in {work}")
+    say("encoderpool demo", f"transport {transport}; logs and state in {work}")
     with ExitStack() as stack:
         with stage("1/6 tiny Qwen2-VL (random weights, built locally, cached)"):
             model = ensure_tiny_model()
@@ -118,7 +132,7 @@ def main() -> int:
             stack.callback(op.stop)
             op.start()
         with stage("4/6 kubectl apply EncoderPool demo; its width Job measures the model"):
-            cluster.kubectl("apply", "-f", "-", input=json.dumps(pool_manifest(model)))
+            cluster.kubectl("apply", "-f", "-", input=json.dumps(pool_manifest(model, transport)))
             (run,) = run_pods(
                 cluster, NAMESPACE, "app.kubernetes.io/component=width-job", work, timeout=600,
                 extra_env={"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"},
@@ -136,8 +150,9 @@ def main() -> int:
         with stage("5/6 serve: the producer, consumer and router pods' commands, run here"):
             cache = work / "ec-cache"
             cache.mkdir()
-            mount = pool["spec"]["connector"]["sharedVolume"]["mountPath"]
-            rewrite = {mount: str(cache), "0.0.0.0": "127.0.0.1"}  # noqa: S104
+            rewrite = {"0.0.0.0": "127.0.0.1"}  # noqa: S104
+            if shared := pool["spec"]["connector"].get("sharedVolume"):
+                rewrite[shared["mountPath"]] = str(cache)
             pods = {}
             for cpu, component in enumerate(("producer", "consumer")):
                 pods[component] = LocalPod(
@@ -167,7 +182,8 @@ def main() -> int:
         remote = metric(router.url, "encoderpool_router_media_items_total", 'encoded="remote"')
         hits = metric(pods["consumer"].url, "encoderpool_ec_hits_total")
         say("  router", f"{remote:.0f} image encoded by the producer")
-        say("  consumer", f"{hits:.0f} embedding loaded from the shared volume (its encoder idle)")
+        source = "read over NIXL/UCX" if transport == "rdma" else "loaded from the shared volume"
+        say("  consumer", f"{hits:.0f} embedding {source} (its encoder idle)")
         ok = remote >= 1 and hits >= 1
     if ok:
         shutil.rmtree(work, ignore_errors=True)  # on failure the logs stay for reading
@@ -177,4 +193,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

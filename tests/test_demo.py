@@ -13,9 +13,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.vllm]
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_the_demo_answers_a_request_through_the_pool() -> None:
+@pytest.mark.parametrize(
+    ("transport", "source"),
+    [("sharedVolume", "loaded from the shared volume"), ("rdma", "read over NIXL/UCX")],
+)
+def test_the_demo_answers_a_request_through_the_pool(transport: str, source: str) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "e2e.demo"],
+        [sys.executable, "-m", "e2e.demo", "--transport", transport],
         cwd=REPO,
         env=dict(os.environ),
         capture_output=True,
@@ -24,5 +28,5 @@ def test_the_demo_answers_a_request_through_the_pool() -> None:
     )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert "1 image encoded by the producer" in res.stdout
-    assert "1 embedding loaded from the shared volume" in res.stdout
+    assert f"1 embedding {source}" in res.stdout
     assert "demo: OK" in res.stdout
