@@ -11,7 +11,8 @@ export DO_NOT_TRACK := 1
 export VLLM_TARGET_DEVICE := cpu
 export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/connector:$(CURDIR)
 PYTEST_ARGS ?=
-DEMO_ARGS ?=      # e.g. DEMO_ARGS="--transport rdma"
+# e.g. make demo DEMO_ARGS="--transport rdma"
+DEMO_ARGS ?=
 
 .PHONY: help venv cluster-bin lint crds test demo clean-cache
 help:
