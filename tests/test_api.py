@@ -171,6 +171,16 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
         "",
     ),
     (
+        "shm-smaller-than-buffer",
+        {
+            "spec": {
+                "connector": {"sharedVolume": None, "rdma": {"shmSize": "1Gi", "bufferSize": "2Gi"}}
+            }
+        },
+        "spec.connector.rdma",
+        "shmSize must be at least bufferSize",
+    ),
+    (
         "tiny-buffer",
         {"spec": {"connector": {"sharedVolume": None, "rdma": {"bufferSize": "1Ki"}}}},
         "spec.connector.rdma.bufferSize",

@@ -559,8 +559,25 @@ class SharedVolumeSpec(_Model):
         )
 
 
+_SHM_FITS = (
+    "shmSize must be at least bufferSize: the registered buffer lives in /dev/shm; "
+    "raise shmSize or lower bufferSize"
+)
+
+
 class RdmaSpec(_Model):
     """NIXL over UCX: producers keep embeddings in registered memory, consumers READ them."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel_extra(
+            cel(
+                "!has(self.shmSize) || !has(self.bufferSize) || "
+                "quantity(string(self.shmSize)).compareTo(quantity(string(self.bufferSize))) >= 0",
+                _SHM_FITS,
+                ".shmSize",
+            )
+        )
+    )
 
     resource_name: str | None = Field(
         default=None,
@@ -605,14 +622,23 @@ class RdmaSpec(_Model):
     )
     shm_size: Annotated[Quantity, ByteRange(1 << 20, 1 << 40)] | None = Field(
         default=None,
-        description="Size of a memory-backed /dev/shm for UCX's shared-memory transport, "
-        "e.g. 8Gi; default: the container runtime's (often 64Mi).",
+        description="Size limit of the pods' memory-backed /dev/shm, which holds the "
+        "registered buffer (at least bufferSize) and UCX's shared-memory segments, e.g. 8Gi; "
+        "default: no limit but the container's memory limit.",
     )
     buffer_size: Annotated[Quantity, ByteRange(1 << 20, 1 << 40)] = Field(
         default="1Gi",
         description="Registered host memory per producer that holds embeddings until "
         "consumers read them. Count it in the producer's memory request.",
     )
+
+    @model_validator(mode="after")
+    def _shm_fits(self) -> RdmaSpec:
+        if self.shm_size is not None and quantity_bytes(self.shm_size) < quantity_bytes(
+            self.buffer_size
+        ):
+            raise ValueError(_SHM_FITS)
+        return self
 
     def settings(self) -> RdmaSettings:
         """What the connector reads (ConnectorConfig.rdma)."""
