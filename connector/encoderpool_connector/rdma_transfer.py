@@ -342,6 +342,11 @@ class Puller:
         name = name.decode() if isinstance(name, bytes) else str(name)
         if name != info.agent:
             raise ValueError(f"metadata names agent {name!r}, the reply {info.agent!r}")
+        try:
+            # Set the endpoint up now rather than inside the first READ (wire-up over TCP).
+            self._agent.make_connection(name)
+        except Exception as e:
+            logger.debug("encoderpool: connecting to %s ahead of the first READ: %r", name, e)
         peer = _Peer(info, name, time.monotonic())
         self._peers[key] = peer
         self._failed_peers.pop(key, None)
