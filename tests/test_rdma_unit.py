@@ -160,6 +160,8 @@ def test_shared_region_is_shared_and_removed(tmp_path: Path) -> None:
     other = SharedRegion(r.path, 1 << 20, create=False, writable=False)
     assert bytes(other.view[10:15]) == b"hello"
     assert r.address != 0
+    with pytest.raises(AssertionError, match="writable"):
+        _ = other.address
     with pytest.raises(ValueError, match="expected"):
         SharedRegion(r.path, 2 << 20, create=False)
     other.close()

@@ -250,6 +250,9 @@ class SharedRegion:
             raise
         os.close(fd)
         self.view = memoryview(self.map)
+        # The ctypes view is dropped at once, so it does not pin the map; the address stays
+        # valid until close().
+        self._address = ctypes.addressof(ctypes.c_char.from_buffer(self.map)) if writable else 0
         self._closed = False
 
     @classmethod
@@ -262,8 +265,9 @@ class SharedRegion:
     @property
     def address(self) -> int:
         """Virtual address of byte 0 in this process (what NIXL registers)."""
-        assert not self.map.closed
-        return ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        assert not self._closed
+        assert self._address, "only writable maps are registered with NIXL"
+        return self._address
 
     def close(self) -> None:
         if self._closed:

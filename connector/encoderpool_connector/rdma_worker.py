@@ -111,7 +111,7 @@ class RdmaWorker:
         entry = self._pending.pop(mm_hash, None)
         tensor = encoder_cache.get(mm_hash)
         if entry is None or tensor is None or self.region is None:
-            if tensor is not None and entry is None:
+            if tensor is not None:  # no plan for it, or the region could not be mapped
                 self._count("saves_dropped")
             return
         try:
