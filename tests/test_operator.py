@@ -86,6 +86,14 @@ def test_a_resync_with_nothing_changed_writes_nothing(
     seed_report(cluster, namespace, report_for(pool))
     apply_pool(cluster, namespace, pool)
     ready_pool(cluster, namespace)
+
+    def handled() -> bool:  # kopf keeps a handler's progress in an annotation until done
+        annotations = get_json(cluster, "encoderpool", "tiny", "-n", namespace)["metadata"].get(
+            "annotations", {}
+        )
+        return not any(k.startswith("encoderpool.io/pool_changed") for k in annotations)
+
+    wait_until("kopf to finish handling the creation", handled)
     time.sleep(3)  # let the last child events settle
     before = len(cluster.audit_events(namespace=namespace))
     resyncs = operator.log_text().count("Timer 'resync' succeeded")

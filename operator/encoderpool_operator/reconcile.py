@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 
 ANNOTATION_FAILURES = "encoderpool.io/width-job-failures"
 MEASURING_POLL_SECONDS = 15.0
-ROLLOUT_POLL_SECONDS = 10.0
 
 
 @dataclass
@@ -51,7 +50,7 @@ class Outcome:
     """What one pass decided: the status written (or kept), when to look again, what changed."""
 
     status: EncoderPoolStatus
-    requeue_after: float | None = None  # None: settled; the next event or resync will do
+    requeue_after: float | None = None  # a Job to wait for or a back-off; None: events will do
     transitions: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, msg)
     applied: list[str] = field(default_factory=list)  # "Kind/name" of children written
 
@@ -398,9 +397,9 @@ def reconcile(
                     "message": f"{what}: waiting for the new model's widths",
                 }
             )
+        # No requeue for a rollout: each Deployment status change is an event that
+        # runs the next pass (and the resync timer catches anything missed).
         updates.append(cond)
-        if cond.status != "True" and outcome.requeue_after is None:
-            outcome.requeue_after = ROLLOUT_POLL_SECONDS
     if not pool.spec.router.enabled:
         status_fields["router"] = None
 
