@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from encoderpool_connector.entry import Expect, entry_name, verify_file
 from encoderpool_connector.metadata import LoadSpec
 from encoderpool_connector.store import Pins, SharedStore

@@ -120,6 +120,7 @@ def med_ms(xs: list[float]) -> float:
 
 def bench_nixl(items: list[dict[str, Any]], shm_dir: str) -> dict[str, dict[str, float]]:
     import torch
+
     from encoderpool_connector.rdma_buffer import SharedRegion
     from encoderpool_connector.rdma_channel import parse_coordinates
     from encoderpool_connector.rdma_meta import LoadPlan, RdmaMetadata
@@ -187,6 +188,7 @@ def bench_nixl(items: list[dict[str, Any]], shm_dir: str) -> dict[str, dict[str,
 
 def bench_shared_volume(n: int, kind: str, shape: tuple[int, int], root: Path) -> dict[str, float]:
     import torch
+
     from encoderpool_connector.entry import Expect, entry_name, verify_file
     from encoderpool_connector.metadata import LoadSpec
     from encoderpool_connector.store import Pins, SharedStore

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from encoderpool_connector.config import ConnectorConfig
-from encoderpool_connector.report import ModelIdentity
 
 from e2e.vllm_server import VllmServer, base_env, ec_transfer_config
+from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.report import ModelIdentity
 
 CONNECTOR = "EncoderPoolSharedVolumeConnector"
 MODULE = "encoderpool_connector.shared_volume"

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 import yaml
-from encoderpool_connector.report import DTYPE_BYTES, WidthReport
-from encoderpool_operator.api import EncoderPool
 
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
+from encoderpool_connector.report import DTYPE_BYTES, WidthReport
+from encoderpool_operator.api import EncoderPool
 
 REPO = Path(__file__).resolve().parent.parent
 CRD = REPO / "crds" / "encoderpool.io_encoderpools.yaml"

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from encoderpool_connector.config import ConnectorConfig
 
 from e2e.media import chat_request, encoder_request, image_part, token_ids
 from e2e.vllm_server import VllmServer, free_port
+from encoderpool_connector.config import ConnectorConfig
 from tests.fixtures_connector import EpFactory, tiny_fingerprint
 from tests.fixtures_router import RouterProcess, encoded_hashes
 

@@ -24,10 +24,10 @@ from typing import Any, TypeVar
 
 import pytest
 from aiohttp import web
-from encoderpool_connector.router.app import Router, build_app
-from encoderpool_connector.router.config import RouterSettings
 
 from e2e.vllm_server import REPO, VllmServer, base_env, ec_transfer_config, free_port
+from encoderpool_connector.router.app import Router, build_app
+from encoderpool_connector.router.config import RouterSettings
 
 T = TypeVar("T")
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from encoderpool_connector.config import ConnectorConfig
 from encoderpool_operator.api import (
     CONSUMERS_AVAILABLE,

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import yaml
-from encoderpool_operator import chartvalues, crdgen, rbac
 from pydantic import BaseModel
 
 from e2e.cluster.runner import bin_dir
+from encoderpool_operator import chartvalues, crdgen, rbac
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "encoderpool-operator"

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from e2e.media import chat_request, encoder_request, image, image_part, token_ids
+from e2e.vllm_server import VllmServer
 from encoderpool_connector.entry import (
     Header,
     checksum,
@@ -21,9 +24,6 @@ from encoderpool_connector.entry import (
     entry_name,
     parse_prefix,
 )
-
-from e2e.media import chat_request, encoder_request, image, image_part, token_ids
-from e2e.vllm_server import VllmServer
 from tests.fixtures_connector import EpFactory, sv_config, tiny_fingerprint
 
 pytestmark = pytest.mark.vllm

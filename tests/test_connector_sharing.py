@@ -13,11 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from encoderpool_connector.entry import entry_name
-from encoderpool_connector.store import SharedStore
 
 from e2e.media import chat_request, encoder_request, image, image_part, token_ids
 from e2e.vllm_server import VllmServer
+from encoderpool_connector.entry import entry_name
+from encoderpool_connector.store import SharedStore
 from tests.fixtures_connector import EpFactory, sv_config, tiny_fingerprint
 
 pytestmark = pytest.mark.vllm

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from encoderpool_connector.config import ConnectorConfig
 from encoderpool_connector.entry import (
     EntryError,

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
-from encoderpool_operator import api
-from encoderpool_operator.conditions import set_condition
 
 from e2e.cluster import LocalCluster
+from encoderpool_operator import api
+from encoderpool_operator.conditions import set_condition
 from tests.test_api import BASE, INVALID, SAMPLES, patched
 from tests.test_crdgen import COMMITTED
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from encoderpool_operator import api, crdgen
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from encoderpool_connector.report import LABEL_FINGERPRINT, WidthReport, configmap_name
 
 from e2e.cluster import LocalCluster
 from e2e.vllm_server import base_env
+from encoderpool_connector.report import LABEL_FINGERPRINT, WidthReport, configmap_name
 from tests.fixtures_connector import tiny_fingerprint
 
 

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from encoderpool_operator import rbac
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import LocalCluster
 from e2e.cluster.kubelet import service_account_kubeconfig
+from encoderpool_operator import rbac
 from tests.fixtures_operator import (
     condition,
     get_json,

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from e2e.vllm_server import REPO, base_env
 from encoderpool_connector.entry import checksum
 from encoderpool_connector.rdma_buffer import HEADER_BYTES, SharedRegion
 from encoderpool_connector.rdma_channel import Coordinates
 from encoderpool_connector.rdma_transfer import Puller, PullResult
-
-from e2e.vllm_server import REPO, base_env
 
 FP = "0123456789abcdef"
 ITEM = (1300, 3584)  # tokens x width, bf16: ~9.3 MB, a large real encoder output

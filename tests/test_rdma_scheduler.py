@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 import torch
+
+from e2e.vllm_server import free_port
 from encoderpool_connector.config import ConnectorConfig
 from encoderpool_connector.rdma_meta import RdmaMetadata, RdmaWorkerMetadata
 from encoderpool_connector.rdma_scheduler import RdmaScheduler
 from encoderpool_connector.rdma_worker import RdmaWorker
-
-from e2e.vllm_server import free_port
 
 FP = "0123456789abcdef"
 TOKENS, WIDTH = 16, 128

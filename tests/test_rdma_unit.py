@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from encoderpool_connector.config import ConnectorConfig
 from encoderpool_connector.rdma_buffer import (
     ALIGN,

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import yaml
+
 from encoderpool_connector.config import ConnectorConfig
 from encoderpool_connector.router.config import parse_settings
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
-
 from tests.fixtures_operator import report_for
 
 REPO = Path(__file__).resolve().parent.parent

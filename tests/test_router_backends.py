@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+
 from encoderpool_connector.router.backends import (
     BackendSet,
     EndpointSliceWatcher,
@@ -21,7 +22,6 @@ from encoderpool_connector.router.backends import (
     kubeconfig_access,
     slice_urls,
 )
-
 from tests.fixtures_router import run, serve, wait_until
 
 

@@ -16,11 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
-from encoderpool_connector.router.app import Router, build_app
-from encoderpool_connector.router.config import RouterSettings
 
 from e2e.cluster import LocalCluster
 from e2e.media import chat_request, image
+from encoderpool_connector.router.app import Router, build_app
+from encoderpool_connector.router.config import RouterSettings
 from tests.fixtures_router import FakeBackend, fakes, run, serve, wait_until
 
 pytestmark = pytest.mark.cluster

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
-from encoderpool_connector.router.config import RouterSettings, parse_settings
 
 from e2e.vllm_server import REPO, base_env
+from encoderpool_connector.router.config import RouterSettings, parse_settings
 
 
 def test_flags_parse_into_settings() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import hashlib
 
+from e2e.media import image, image_part
 from encoderpool_connector.router.backends import Backend, BackendSet
 from encoderpool_connector.router.media import encoder_request, media_items, media_key
 from encoderpool_connector.router.policy import (
@@ -13,8 +14,6 @@ from encoderpool_connector.router.policy import (
     choose_producer,
     hrw_rank,
 )
-
-from e2e.media import image, image_part
 
 KEYS = [hashlib.sha256(str(i).encode()).digest()[:16] for i in range(4000)]
 

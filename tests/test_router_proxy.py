@@ -8,9 +8,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from encoderpool_connector.router.app import Router
 
 from e2e.media import chat_request, image, media_parts
+from encoderpool_connector.router.app import Router
 from tests.fixtures_router import FakeBackend, fake_mm_hash, fakes, router_at, run, wait_until
 
 

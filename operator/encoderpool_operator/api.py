@@ -19,8 +19,6 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Annotated, Any, Final, Literal
 
-from encoderpool_connector.config import ConnectorConfig, RdmaSettings, SharedVolumeSettings
-from encoderpool_connector.report import ModelIdentity
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -38,6 +36,9 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
+
+from encoderpool_connector.config import ConnectorConfig, RdmaSettings, SharedVolumeSettings
+from encoderpool_connector.report import ModelIdentity
 
 GROUP = "encoderpool.io"
 VERSION = "v1alpha1"

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from encoderpool_connector.report import WidthReport, configmap_name
 from pydantic import ValidationError
 
+from encoderpool_connector.report import WidthReport, configmap_name
 from encoderpool_operator import render
 from encoderpool_operator.api import (
     API_VERSION,

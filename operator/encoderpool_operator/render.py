@@ -23,7 +23,6 @@ from encoderpool_connector.report import (
     WidthReport,
     configmap_name,
 )
-
 from encoderpool_operator.api import (
     API_VERSION,
     KIND,
