@@ -101,9 +101,10 @@ def apply_if_changed(kube: Kube, obj: dict[str, Any], outcome: Outcome) -> dict[
 # ------------------------------------------------------------ width report
 
 
-def read_report(kube: Kube, namespace: str, fingerprint: str) -> WidthReport | None:
-    """The report for ``fingerprint``, or None while it is missing or unusable."""
-    cm = kube.get("v1", "ConfigMap", namespace, configmap_name(fingerprint))
+def read_report(
+    cm: Mapping[str, Any] | None, namespace: str, fingerprint: str
+) -> WidthReport | None:
+    """The report in the ConfigMap ``cm``, or None while it is missing or unusable."""
     if cm is None or not cm.get("data"):
         return None
     try:
@@ -127,10 +128,15 @@ def read_report(kube: Kube, namespace: str, fingerprint: str) -> WidthReport | N
     return report
 
 
-def _adopt_report(kube: Kube, pool: EncoderPool, fingerprint: str, outcome: Outcome) -> None:
+def _adopt_report(
+    kube: Kube,
+    pool: EncoderPool,
+    fingerprint: str,
+    live: Mapping[str, Any] | None,
+    outcome: Outcome,
+) -> None:
     """Make this pool one of the report's owners (the last owner's deletion removes it)."""
     stub = render.width_report_stub(pool, fingerprint)
-    live = kube.get("v1", "ConfigMap", pool.namespace, stub["metadata"]["name"])
     uids = {ref.get("uid") for ref in (live or {}).get("metadata", {}).get("ownerReferences", [])}
     if live is not None and pool.metadata["uid"] in uids:
         return
@@ -175,6 +181,7 @@ def _measure(
     kube: Kube,
     pool: EncoderPool,
     fingerprint: str,
+    report_cm: Mapping[str, Any] | None,
     now: datetime,
     outcome: Outcome,
     retry_base: float,
@@ -182,7 +189,7 @@ def _measure(
     """Run (or wait for, or retry) the width Job; the WidthsMeasured condition it implies."""
     gen = pool.generation
     identity = pool.spec.model_identity(pool.spec.image)
-    _adopt_report(kube, pool, fingerprint, outcome)
+    _adopt_report(kube, pool, fingerprint, report_cm, outcome)
     objects = render.width_job_objects(pool, identity, fingerprint)
     job_obj = objects[-1]
     job_name = job_obj["metadata"]["name"]
@@ -192,8 +199,7 @@ def _measure(
         # Complete without a usable report counts as a failure too.
         if state == "Complete":
             reason, message = "NoReport", "the Job succeeded but wrote no usable width report"
-        stub = kube.get("v1", "ConfigMap", pool.namespace, configmap_name(fingerprint)) or {}
-        annotations = stub.get("metadata", {}).get("annotations", {})
+        annotations = (report_cm or {}).get("metadata", {}).get("annotations", {})
         failures = int(annotations.get(ANNOTATION_FAILURES, "0"))
         assert job is not None
         finished = _job_finished_at(job) or now
@@ -344,7 +350,8 @@ def reconcile(
     fingerprint = identity.fingerprint()
     outcome = Outcome(status=pool.status)
 
-    report = read_report(kube, ns, fingerprint)
+    report_cm = kube.get("v1", "ConfigMap", ns, configmap_name(fingerprint))
+    report = read_report(report_cm, ns, fingerprint)
     updates: list[ConditionUpdate] = []
     status_fields: dict[str, Any] = {
         "observed_generation": gen,
@@ -354,10 +361,10 @@ def reconcile(
     }
     if report is None:
         updates.append(
-            _measure(kube, pool, fingerprint, now, outcome, defaults.width_retry_seconds)
+            _measure(kube, pool, fingerprint, report_cm, now, outcome, defaults.width_retry_seconds)
         )
     else:
-        _adopt_report(kube, pool, fingerprint, outcome)
+        _adopt_report(kube, pool, fingerprint, report_cm, outcome)
         updates.append(
             ConditionUpdate(
                 type=WIDTHS_MEASURED,
