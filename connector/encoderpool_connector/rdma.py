@@ -29,7 +29,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorRole,
 )
 
-from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.startup import measured_widths, parse_config
 
 if TYPE_CHECKING:
     import torch
@@ -51,19 +51,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm.ext." + __name__)
 
 ADVERTISE_ENV = "ENCODERPOOL_ADVERTISE_HOST"
-
-
-def parse_config(vllm_config: VllmConfig) -> ConnectorConfig:
-    """The connector's config, or ValueError naming the bad ``ec_connector_extra_config`` key."""
-    tc = vllm_config.ec_transfer_config
-    assert tc is not None
-    config = ConnectorConfig.from_extra_config(tc.ec_connector_extra_config)
-    if config.transport != "rdma":
-        raise ValueError(
-            "ec_connector_extra_config.transport: EncoderPoolNixlConnector needs 'rdma', "
-            f"got {config.transport!r}"
-        )
-    return config
 
 
 def advertise_host() -> str:
@@ -95,7 +82,7 @@ class EncoderPoolNixlConnector(ECConnectorBase):  # type: ignore[misc]  # untype
 
     def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole) -> None:
         super().__init__(vllm_config=vllm_config, role=role)
-        self.config = parse_config(vllm_config)
+        self.config = parse_config(vllm_config, "rdma", "EncoderPoolNixlConnector")
         self._scheduler: RdmaScheduler | None = None
         self._worker: RdmaWorker | None = None
         if role == ECConnectorRole.SCHEDULER:
@@ -129,16 +116,7 @@ class EncoderPoolNixlConnector(ECConnectorBase):  # type: ignore[misc]  # untype
         from encoderpool_connector.identity import dtype_name
         from encoderpool_connector.rdma_scheduler import RdmaScheduler
 
-        tc = vllm_config.ec_transfer_config
-        assert tc is not None
-        measured = dict(getattr(tc, "mm_encoder_output_widths", None) or {})
-        for modality, width in self.config.encoder_output_widths.items():
-            if modality in measured and measured[modality] != width:
-                raise ValueError(
-                    f"ec_connector_extra_config.encoder_output_widths.{modality}: configured "
-                    f"{width}, but this model's encoder emits {measured[modality]}; the width "
-                    "report is stale or for another model: measure again"
-                )
+        measured = measured_widths(self.config, vllm_config)
         return RdmaScheduler(
             self.config,
             is_producer=self.is_producer,

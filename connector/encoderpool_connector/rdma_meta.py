@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorMetadata,
     ECConnectorWorkerMetadata,
 )
-from vllm.distributed.ec_transfer.ec_connector.metrics import (
-    ECConnectorPromMetrics,
-    ECConnectorStats,
-    PromMetric,
-    PromMetricT,
-)
+
+from encoderpool_connector.stats import CounterPromMetrics, CounterStats
 
 
 @dataclass(frozen=True)
@@ -99,58 +95,11 @@ RDMA_COUNTERS: dict[str, str] = {
 
 
 @dataclass
-class RdmaECStats(ECConnectorStats):  # type: ignore[misc]
-    """Additive counters; ``aggregate`` sums across ranks and steps."""
+class RdmaECStats(CounterStats):
+    """The rdma connector's counters."""
 
-    def reset(self) -> None:
-        self.data: dict[str, Any] = {}
-
-    def add(self, key: str, value: float = 1) -> None:
-        assert key in RDMA_COUNTERS, key
-        self.data[key] = self.data.get(key, 0) + value
-
-    def aggregate(self, other: ECConnectorStats) -> ECConnectorStats:
-        for k, v in other.data.items():
-            self.data[k] = self.data.get(k, 0) + v
-        return self
-
-    def reduce(self) -> dict[str, int | float]:
-        return {k: round(v, 6) if isinstance(v, float) else v for k, v in sorted(self.data.items())}
-
-    def is_empty(self) -> bool:
-        return not any(self.data.values())
-
-    def take(self) -> RdmaECStats | None:
-        """Hand over what was counted since the last take, and start afresh."""
-        if self.is_empty():
-            return None
-        out = RdmaECStats(data=dict(self.data))
-        self.reset()
-        return out
+    counters: ClassVar[dict[str, str]] = RDMA_COUNTERS
 
 
-class RdmaPromMetrics(ECConnectorPromMetrics):  # type: ignore[misc]
-    """One Prometheus counter per key, ``encoderpool_ec_<key>_total``, per engine."""
-
-    def __init__(
-        self,
-        vllm_config: Any,
-        metric_types: dict[type[PromMetric], type[PromMetricT]],
-        labelnames: list[str],
-        per_engine_labelvalues: dict[int, list[object]],
-    ) -> None:
-        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self._counters: dict[str, dict[int, Any]] = {}
-        for key, doc in RDMA_COUNTERS.items():
-            counter = self._counter_cls(
-                name=f"encoderpool_ec_{key}", documentation=doc, labelnames=labelnames
-            )
-            self._counters[key] = {
-                idx: counter.labels(*values) for idx, values in per_engine_labelvalues.items()
-            }
-
-    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        for key, value in transfer_stats_data.items():
-            per_engine = self._counters.get(key)
-            if per_engine is not None and engine_idx in per_engine and value > 0:
-                per_engine[engine_idx].inc(value)
+class RdmaPromMetrics(CounterPromMetrics):
+    counters: ClassVar[dict[str, str]] = RDMA_COUNTERS

@@ -23,7 +23,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorRole,
 )
 
-from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.startup import measured_widths, parse_config
 from encoderpool_connector.store import SharedStore
 
 if TYPE_CHECKING:
@@ -46,25 +46,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm.ext." + __name__)
 
 
-def parse_config(vllm_config: VllmConfig) -> ConnectorConfig:
-    """The connector's config, or ValueError naming the bad ``ec_connector_extra_config`` key."""
-    tc = vllm_config.ec_transfer_config
-    assert tc is not None
-    config = ConnectorConfig.from_extra_config(tc.ec_connector_extra_config)
-    if config.transport != "sharedVolume":
-        raise ValueError(
-            "ec_connector_extra_config.transport: EncoderPoolSharedVolumeConnector needs "
-            f"'sharedVolume', got {config.transport!r}"
-        )
-    return config
-
-
 class EncoderPoolSharedVolumeConnector(ECConnectorBase):  # type: ignore[misc]  # untyped base
     """Encoder outputs through a directory every producer and consumer mounts."""
 
     def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole) -> None:
         super().__init__(vllm_config=vllm_config, role=role)
-        self.config = parse_config(vllm_config)
+        self.config = parse_config(vllm_config, "sharedVolume", "EncoderPoolSharedVolumeConnector")
         sv = self.config.shared_volume
         assert sv is not None
         store = SharedStore(sv.root, sv.capacity_bytes, sv.eviction)
@@ -93,37 +80,10 @@ class EncoderPoolSharedVolumeConnector(ECConnectorBase):  # type: ignore[misc]  
     def _make_scheduler(self, vllm_config: VllmConfig, store: SharedStore) -> SharedVolumeScheduler:
         from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
 
-        from encoderpool_connector.identity import dtype_name, identity_from_vllm_config
+        from encoderpool_connector.identity import dtype_name
         from encoderpool_connector.sv_scheduler import SharedVolumeScheduler
 
-        tc = vllm_config.ec_transfer_config
-        assert tc is not None
-        measured = dict(getattr(tc, "mm_encoder_output_widths", None) or {})
-        for modality, width in self.config.encoder_output_widths.items():
-            if modality in measured and measured[modality] != width:
-                raise ValueError(
-                    f"ec_connector_extra_config.encoder_output_widths.{modality}: configured "
-                    f"{width}, but this model's encoder emits {measured[modality]}; the width "
-                    "report is stale or for another model: measure again"
-                )
-        served = identity_from_vllm_config(vllm_config)
-        # Warnings, not errors: the fingerprint only namespaces entries, and the
-        # pool's producers and consumers all get the same one.
-        if self.config.model_identity is not None:
-            for problem in self.config.model_identity.differences(served):
-                logger.warning(
-                    "encoderpool: ec_connector_extra_config.model_identity.%s; the width "
-                    "report may be for another model",
-                    problem,
-                )
-        elif served.fingerprint() != self.config.model_fingerprint:
-            logger.warning(
-                "encoderpool: ec_connector_extra_config.model_fingerprint is %s but the served "
-                "model %s fingerprints as %s; check that the width report matches",
-                self.config.model_fingerprint,
-                served.model_dump_json(),
-                served.fingerprint(),
-            )
+        measured = measured_widths(self.config, vllm_config)
         return SharedVolumeScheduler(
             self.config,
             store,

@@ -8,8 +8,9 @@ values as ``EC Transfer metrics: ...`` and we export them to Prometheus.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from typing_extensions import Self
 from vllm.distributed.ec_transfer.ec_connector.metrics import (
     ECConnectorPromMetrics,
     ECConnectorStats,
@@ -41,14 +42,19 @@ COUNTERS: dict[str, str] = {
 
 
 @dataclass
-class EncoderPoolECStats(ECConnectorStats):  # type: ignore[misc]  # vLLM is untyped here
-    """Additive counters; ``aggregate`` sums across ranks and steps."""
+class CounterStats(ECConnectorStats):  # type: ignore[misc]  # vLLM is untyped here
+    """Additive counters; ``aggregate`` sums across ranks and steps.
+
+    Each transport subclasses it with its own ``counters`` (name -> help).
+    """
+
+    counters: ClassVar[dict[str, str]] = {}
 
     def reset(self) -> None:
         self.data: dict[str, Any] = {}
 
     def add(self, key: str, value: float = 1) -> None:
-        assert key in COUNTERS, key
+        assert key in self.counters, key
         self.data[key] = self.data.get(key, 0) + value
 
     def aggregate(self, other: ECConnectorStats) -> ECConnectorStats:
@@ -62,17 +68,19 @@ class EncoderPoolECStats(ECConnectorStats):  # type: ignore[misc]  # vLLM is unt
     def is_empty(self) -> bool:
         return not any(self.data.values())
 
-    def take(self) -> EncoderPoolECStats | None:
+    def take(self) -> Self | None:
         """Hand over what was counted since the last take, and start afresh."""
         if self.is_empty():
             return None
-        out = EncoderPoolECStats(data=dict(self.data))
+        out = type(self)(data=dict(self.data))
         self.reset()
         return out
 
 
-class EncoderPoolPromMetrics(ECConnectorPromMetrics):  # type: ignore[misc]
-    """One Prometheus counter per stats key, ``encoderpool_ec_<key>_total``, per engine."""
+class CounterPromMetrics(ECConnectorPromMetrics):  # type: ignore[misc]
+    """A Prometheus counter per key of ``counters``, ``encoderpool_ec_<key>_total``, per engine."""
+
+    counters: ClassVar[dict[str, str]] = {}
 
     def __init__(
         self,
@@ -83,7 +91,7 @@ class EncoderPoolPromMetrics(ECConnectorPromMetrics):  # type: ignore[misc]
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self._counters: dict[str, dict[int, Any]] = {}
-        for key, doc in COUNTERS.items():
+        for key, doc in self.counters.items():
             counter = self._counter_cls(
                 name=f"encoderpool_ec_{key}", documentation=doc, labelnames=labelnames
             )
@@ -96,3 +104,14 @@ class EncoderPoolPromMetrics(ECConnectorPromMetrics):  # type: ignore[misc]
             per_engine = self._counters.get(key)
             if per_engine is not None and engine_idx in per_engine and value > 0:
                 per_engine[engine_idx].inc(value)
+
+
+@dataclass
+class EncoderPoolECStats(CounterStats):
+    """The shared-volume connector's counters."""
+
+    counters: ClassVar[dict[str, str]] = COUNTERS
+
+
+class EncoderPoolPromMetrics(CounterPromMetrics):
+    counters: ClassVar[dict[str, str]] = COUNTERS

@@ -1,0 +1,66 @@
+"""Start-up checks both transports make, so they cannot drift apart.
+
+The config is parsed once, the transport must be the connector's own, the
+configured widths must equal what this engine's encoder emits, and the model
+vLLM serves should be the one the width report was measured for.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from encoderpool_connector.config import ConnectorConfig
+
+logger = logging.getLogger("vllm.ext." + __name__)
+
+
+def parse_config(vllm_config: Any, transport: str, connector: str) -> ConnectorConfig:
+    """The connector's config, or ValueError naming the bad ``ec_connector_extra_config`` key."""
+    tc = vllm_config.ec_transfer_config
+    assert tc is not None
+    config = ConnectorConfig.from_extra_config(tc.ec_connector_extra_config)
+    if config.transport != transport:
+        raise ValueError(
+            f"ec_connector_extra_config.transport: {connector} needs {transport!r}, "
+            f"got {config.transport!r}"
+        )
+    return config
+
+
+def measured_widths(config: ConnectorConfig, vllm_config: Any) -> dict[str, int]:
+    """What this engine measured (producers do at start-up); ValueError if the config disagrees.
+
+    Also warns when the served model is not the one the config's identity names:
+    a warning, because the fingerprint only namespaces cache entries and every
+    producer and consumer of a pool gets the same one.
+    """
+    from encoderpool_connector.identity import identity_from_vllm_config
+
+    tc = vllm_config.ec_transfer_config
+    assert tc is not None
+    measured = dict(getattr(tc, "mm_encoder_output_widths", None) or {})
+    for modality, width in config.encoder_output_widths.items():
+        if modality in measured and measured[modality] != width:
+            raise ValueError(
+                f"ec_connector_extra_config.encoder_output_widths.{modality}: configured "
+                f"{width}, but this model's encoder emits {measured[modality]}; the width "
+                "report is stale or for another model: measure again"
+            )
+    served = identity_from_vllm_config(vllm_config)
+    if config.model_identity is not None:
+        for problem in config.model_identity.differences(served):
+            logger.warning(
+                "encoderpool: ec_connector_extra_config.model_identity.%s; the width "
+                "report may be for another model",
+                problem,
+            )
+    elif served.fingerprint() != config.model_fingerprint:
+        logger.warning(
+            "encoderpool: ec_connector_extra_config.model_fingerprint is %s but the served "
+            "model %s fingerprints as %s; check that the width report matches",
+            config.model_fingerprint,
+            served.model_dump_json(),
+            served.fingerprint(),
+        )
+    return measured
