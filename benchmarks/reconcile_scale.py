@@ -23,6 +23,7 @@ from typing import Any
 
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
+from e2e.processes import exit_on_sigterm
 from tests.fixtures_operator import report_for, sample_pool
 
 NAMESPACE = "scale"
@@ -96,6 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pools", type=int, action="append", help="N (repeatable)")
     sizes = parser.parse_args().pools or [100]
+    exit_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="encoderpool-scale-") as tmp:
         for n in sizes:
             r = run(n, Path(tmp))

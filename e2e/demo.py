@@ -30,6 +30,7 @@ from e2e.cluster import LocalCluster
 from e2e.cluster.kubelet import LocalPod, run_pods
 from e2e.media import chat_request, image, token_ids
 from e2e.operator_process import OperatorProcess
+from e2e.processes import exit_on_sigterm
 from e2e.tiny_model import ensure_tiny_model
 from e2e.vllm_server import base_env, free_port, post_json
 
@@ -112,6 +113,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__)
     parser.add_argument("--transport", choices=["sharedVolume", "rdma"], default="sharedVolume")
     transport = parser.parse_args(argv).transport
+    exit_on_sigterm()
     work = Path(tempfile.mkdtemp(prefix="encoderpool-demo-"))
     say("encoderpool demo", f"transport {transport}; logs and state in {work}")
     with ExitStack() as stack:

@@ -71,3 +71,12 @@ def log_tail(log_path: Path, lines: int = 80) -> str:
         return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log)"
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so ``finally`` and context managers stop what we started."""
+
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)

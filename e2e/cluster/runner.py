@@ -236,7 +236,7 @@ class LocalCluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={p}/sa.pub",
             f"--service-account-signing-key-file={p}/sa.key",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            "--service-cluster-ip-range=10.0.0.0/16",  # the scale benchmark needs >254 IPs
             "--authorization-mode=RBAC",
             # kwok pods get no token volume; the plugin would also race the
             # controller that creates each namespace's default ServiceAccount.
