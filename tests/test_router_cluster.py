@@ -21,6 +21,8 @@ from e2e.cluster import LocalCluster
 from e2e.media import chat_request, image
 from encoderpool_connector.router.app import Router, build_app
 from encoderpool_connector.router.config import RouterSettings
+from encoderpool_connector.router.media import media_items, media_key
+from encoderpool_connector.router.policy import hrw_rank
 from tests.fixtures_router import FakeBackend, fakes, run, serve, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -122,10 +124,19 @@ def test_backends_follow_endpointslice_changes(cluster: LocalCluster, namespace:
                 await apply("pool-producers", "p1", p1u, True)
                 await wait_until(lambda: router.consumers.urls == [url_of("c1", c1u)], "c1 only")
                 await wait_until(lambda: len(router.producers) == 2, "two producers")
-                for i in range(2, 12):
+                # Items whose first-ranked producer is each one in turn (rendezvous hashing
+                # decides; which of ten random items land where is chance, so pick them).
+                first = {
+                    i: hrw_rank(media_key(media_items(chat_request(image(i)))[0]),
+                                router.producers.backends)[0].url
+                    for i in range(2, 40)
+                }  # fmt: skip
+                picks = [next(i for i, u in first.items() if u == url_of(h, pu))
+                         for h, pu in (("p0", p0u), ("p1", p1u))]  # fmt: skip
+                for i in [*picks, *[i for i in range(2, 40) if i not in picks][:8]]:  # ten
                     status, out = await chat(i)
                     assert (status, out["served_by"]) == (200, "consumer-1")
-                assert p0.seen  # items spread over both producers
+                assert p0.seen  # each producer got the item that ranks it first
                 assert p1.seen
 
                 # Scaled to zero: the slice goes away, the router says so, then recovers.
