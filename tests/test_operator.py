@@ -69,6 +69,14 @@ def test_pool_with_measured_widths_becomes_ready(
     assert headless["spec"]["clusterIP"] == "None"
 
 
+def ready_sample_pool(cluster: LocalCluster, namespace: str) -> dict[str, object]:
+    """The sample pool, its widths seeded (no width Job), applied and Ready."""
+    pool = sample_pool()
+    seed_report(cluster, namespace, report_for(pool))
+    apply_pool(cluster, namespace, pool)
+    return ready_pool(cluster, namespace)
+
+
 def _generation(cluster: LocalCluster, kind: str, name: str, namespace: str) -> int:
     return int(get_json(cluster, kind, name, "-n", namespace)["metadata"]["generation"])
 
@@ -82,10 +90,7 @@ def _patch_pool(cluster: LocalCluster, namespace: str, patch: dict[str, object])
 def test_a_resync_with_nothing_changed_writes_nothing(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    pool = sample_pool()
-    seed_report(cluster, namespace, report_for(pool))
-    apply_pool(cluster, namespace, pool)
-    ready_pool(cluster, namespace)
+    ready_sample_pool(cluster, namespace)
 
     def handled() -> bool:  # kopf keeps a handler's progress in an annotation until done
         annotations = get_json(cluster, "encoderpool", "tiny", "-n", namespace)["metadata"].get(
@@ -112,10 +117,7 @@ def test_a_resync_with_nothing_changed_writes_nothing(
 def test_scaling_changes_only_replicas(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    pool = sample_pool()
-    seed_report(cluster, namespace, report_for(pool))
-    apply_pool(cluster, namespace, pool)
-    ready_pool(cluster, namespace)
+    ready_sample_pool(cluster, namespace)
     producer_gen = _generation(cluster, "deployment", "tiny-producer", namespace)
     template = get_json(cluster, "deployment", "tiny-consumer", "-n", namespace)["spec"]["template"]
     _patch_pool(cluster, namespace, {"spec": {"consumer": {"replicas": 3}}})
@@ -137,10 +139,7 @@ def test_scaling_changes_only_replicas(
 def test_a_model_change_measures_first_then_rolls_both_roles(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    pool = sample_pool()
-    seed_report(cluster, namespace, report_for(pool))
-    apply_pool(cluster, namespace, pool)
-    ready_pool(cluster, namespace)
+    ready_sample_pool(cluster, namespace)
     _patch_pool(cluster, namespace, {"spec": {"model": {"name": "/models/other"}}})
 
     def measuring() -> bool:
@@ -191,10 +190,7 @@ def test_a_model_change_measures_first_then_rolls_both_roles(
 def test_a_deleted_pool_leaves_nothing_behind(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    pool = sample_pool()
-    seed_report(cluster, namespace, report_for(pool))
-    apply_pool(cluster, namespace, pool)
-    ready_pool(cluster, namespace)
+    ready_sample_pool(cluster, namespace)
     cluster.kubectl("delete", "encoderpool", "tiny", "-n", namespace, "--timeout=60s")
     kinds = "deployments,services,pvc,configmaps,jobs,serviceaccounts,roles,rolebindings,pods"
 
@@ -272,10 +268,7 @@ def test_an_operator_killed_mid_measurement_converges_when_restarted(
 def test_the_operator_exports_metrics(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    pool = sample_pool()
-    seed_report(cluster, namespace, report_for(pool))
-    apply_pool(cluster, namespace, pool)
-    ready_pool(cluster, namespace)
+    ready_sample_pool(cluster, namespace)
 
     def scrape() -> str:
         with urllib.request.urlopen(operator.metrics_url, timeout=5) as r:
