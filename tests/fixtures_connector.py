@@ -23,14 +23,15 @@ CONNECTOR = "EncoderPoolSharedVolumeConnector"
 MODULE = "encoderpool_connector.shared_volume"
 
 # DEBUG for the model runner shows "Finish execute for mm hash X" whenever an
-# instance runs its encoder: the proof that a consumer did not.
+# instance runs its encoder: the proof that a consumer did not. Shared with the
+# router and rdma fixtures.
 LOGGING_CONFIG = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
         "vllm": {
             "()": "vllm.logging_utils.NewLineFormatter",
-            "format": "%(levelname)s %(asctime)s [%(name)s] %(message)s",
+            "format": "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(message)s",
         }
     },
     "handlers": {
@@ -44,6 +45,7 @@ LOGGING_CONFIG = {
     "loggers": {
         "vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False},
         "vllm.v1.worker.gpu_model_runner": {"level": "DEBUG"},
+        "vllm.distributed.ec_transfer": {"level": "DEBUG"},
         "vllm.ext": {"level": "DEBUG"},
     },
 }

@@ -28,6 +28,7 @@ from aiohttp import web
 from e2e.vllm_server import REPO, VllmServer, base_env, ec_transfer_config, free_port
 from encoderpool_connector.router.app import Router, build_app
 from encoderpool_connector.router.config import RouterSettings
+from tests.fixtures_connector import LOGGING_CONFIG
 
 T = TypeVar("T")
 
@@ -208,32 +209,6 @@ CONNECTORS: dict[str, Callable[[Path, Path], ConnectorSpec]] = {
     "encoderpool": _encoderpool,
 }
 
-# DEBUG lines of the model runner say which process ran the encoder (what
-# "the consumer did not encode" is proved from).
-LOGGING_CONFIG = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {
-        "vllm": {
-            "()": "vllm.logging_utils.NewLineFormatter",
-            "format": "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(message)s",
-        }
-    },
-    "handlers": {
-        "vllm": {
-            "class": "logging.StreamHandler",
-            "formatter": "vllm",
-            "level": "DEBUG",
-            "stream": "ext://sys.stdout",
-        }
-    },
-    "loggers": {
-        "vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False},
-        "vllm.v1.worker.gpu_model_runner": {"level": "DEBUG"},
-        "vllm.distributed.ec_transfer": {"level": "DEBUG"},
-        "vllm.ext": {"level": "DEBUG"},
-    },
-}
 ENCODED_LINE = "Finish execute for mm hash"
 
 
