@@ -41,7 +41,7 @@ SMALL = (64, 128)
 
 
 def _config(buffer_bytes: int, shm_dir: str) -> Any:
-    from encoderpool_connector.config import ConnectorConfig
+    from encoderpool_connector.contracts import ConnectorConfig
 
     return ConnectorConfig(
         transport="rdma",

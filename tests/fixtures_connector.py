@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from e2e.vllm_server import VllmServer, base_env, ec_transfer_config
-from encoderpool_connector.config import ConnectorConfig
-from encoderpool_connector.report import ModelIdentity
+from encoderpool_connector.contracts import ConnectorConfig, ModelIdentity
 
 CONNECTOR = "EncoderPoolSharedVolumeConnector"
 MODULE = "encoderpool_connector.shared_volume"

@@ -15,7 +15,7 @@ import yaml
 
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
-from encoderpool_connector.report import DTYPE_BYTES, WidthReport
+from encoderpool_connector.contracts import DTYPE_BYTES, WidthReport
 from encoderpool_operator.api import EncoderPool
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ import pytest
 
 from e2e.media import chat_request, encoder_request, image_part, token_ids
 from e2e.vllm_server import VllmServer, free_port
-from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.contracts import ConnectorConfig
 from tests.fixtures_connector import EpFactory, tiny_fingerprint
 from tests.fixtures_router import RouterProcess, encoded_hashes
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.entry import (
     EntryError,
     EntryMissing,

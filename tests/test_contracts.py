@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from encoderpool_connector.config import ConnectorConfig
-from encoderpool_connector.report import ModelIdentity
+from encoderpool_connector.contracts import ConnectorConfig, ModelIdentity
 
 OPERATOR = ModelIdentity(
     model="/models/m", dtype="bfloat16", vllm_version="registry/vllm:0.32.0",

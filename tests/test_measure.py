@@ -12,7 +12,7 @@ import yaml
 
 from e2e.cluster import LocalCluster
 from e2e.vllm_server import base_env
-from encoderpool_connector.report import LABEL_FINGERPRINT, WidthReport, configmap_name
+from encoderpool_connector.contracts import LABEL_FINGERPRINT, WidthReport, configmap_name
 from tests.fixtures_connector import tiny_fingerprint
 
 

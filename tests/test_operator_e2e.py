@@ -12,7 +12,7 @@ import pytest
 from e2e.cluster import LocalCluster
 from e2e.cluster.kubelet import run_pods
 from e2e.operator_process import OperatorProcess
-from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.contracts import ConnectorConfig
 from tests.fixtures_operator import condition, get_json, sample_pool, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.vllm]

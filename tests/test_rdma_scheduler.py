@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from e2e.vllm_server import free_port
-from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.rdma_meta import RdmaMetadata, RdmaWorkerMetadata
 from encoderpool_connector.rdma_scheduler import RdmaScheduler
 from encoderpool_connector.rdma_worker import RdmaWorker

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.rdma_buffer import (
     ALIGN,
     HEADER_BYTES,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.router.config import parse_settings
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool

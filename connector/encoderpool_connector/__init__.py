@@ -1,5 +1,5 @@
 """encoderpool's in-pod code: EC connectors loaded by vLLM, the width Job, and the contracts.
 
 Importing this package imports neither torch nor vLLM: the operator and the
-router share its contracts (``config``, ``report``) without them.
+router share its ``contracts`` without them.
 """

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from encoderpool_connector.report import (
+from encoderpool_connector.contracts import (
     COMPONENT,
     DTYPE_BYTES,
     LABEL_COMPONENT,
@@ -151,7 +151,7 @@ def measure(args: argparse.Namespace) -> WidthReport:
         from vllm.multimodal import MULTIMODAL_REGISTRY
         from vllm.multimodal.encoder_budget import MultiModalBudget
 
-        from encoderpool_connector.identity import identity_from_vllm_config
+        from encoderpool_connector.contracts import identity_from_vllm_config
 
         try:
             llm = LLM(**kw)

@@ -113,7 +113,7 @@ class EncoderPoolNixlConnector(ECConnectorBase):  # type: ignore[misc]  # untype
     def _make_scheduler(self, vllm_config: VllmConfig) -> RdmaScheduler:
         from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
 
-        from encoderpool_connector.identity import dtype_name
+        from encoderpool_connector.contracts import dtype_name
         from encoderpool_connector.rdma_scheduler import RdmaScheduler
 
         measured = measured_widths(self.config, vllm_config)

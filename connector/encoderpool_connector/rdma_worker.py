@@ -16,8 +16,7 @@ import time
 import blake3
 import torch
 
-from encoderpool_connector.config import ConnectorConfig
-from encoderpool_connector.identity import dtype_name
+from encoderpool_connector.contracts import ConnectorConfig, dtype_name
 from encoderpool_connector.rdma_buffer import (
     HEADER_BYTES,
     MAX_DIMS,

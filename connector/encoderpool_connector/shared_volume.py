@@ -80,7 +80,7 @@ class EncoderPoolSharedVolumeConnector(ECConnectorBase):  # type: ignore[misc]  
     def _make_scheduler(self, vllm_config: VllmConfig, store: SharedStore) -> SharedVolumeScheduler:
         from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
 
-        from encoderpool_connector.identity import dtype_name
+        from encoderpool_connector.contracts import dtype_name
         from encoderpool_connector.sv_scheduler import SharedVolumeScheduler
 
         measured = measured_widths(self.config, vllm_config)

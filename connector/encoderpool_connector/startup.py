@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.contracts import ConnectorConfig
 
 logger = logging.getLogger("vllm.ext." + __name__)
 
@@ -35,7 +35,7 @@ def measured_widths(config: ConnectorConfig, vllm_config: Any) -> dict[str, int]
     a warning, because the fingerprint only namespaces cache entries and every
     producer and consumer of a pool gets the same one.
     """
-    from encoderpool_connector.identity import identity_from_vllm_config
+    from encoderpool_connector.contracts import identity_from_vllm_config
 
     tc = vllm_config.ec_transfer_config
     assert tc is not None

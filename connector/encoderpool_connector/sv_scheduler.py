@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.entry import (
     EntryError,
     EntryMissing,

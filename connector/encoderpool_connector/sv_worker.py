@@ -20,9 +20,8 @@ from typing import Any
 
 import torch
 
-from encoderpool_connector.config import ConnectorConfig
+from encoderpool_connector.contracts import ConnectorConfig, dtype_name
 from encoderpool_connector.entry import EntryError, Header, checksum, entry_name, read_payload_into
-from encoderpool_connector.identity import dtype_name
 from encoderpool_connector.metadata import (
     LoadSpec,
     SharedVolumeMetadata,

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from encoderpool_connector.report import WidthReport, configmap_name
+from encoderpool_connector.contracts import WidthReport, configmap_name
 from encoderpool_operator import render
 from encoderpool_operator.api import (
     API_VERSION,

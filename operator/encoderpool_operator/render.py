@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from encoderpool_connector.config import ConnectorConfig
-from encoderpool_connector.report import (
+from encoderpool_connector.contracts import (
     LABEL_FINGERPRINT,
+    ConnectorConfig,
     ModelIdentity,
     WidthReport,
     configmap_name,

@@ -11,19 +11,16 @@ import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from encoderpool_connector.report import ModelIdentity
+from encoderpool_connector.contracts.base import Frozen
+from encoderpool_connector.contracts.identity import ModelIdentity
 
 # Modality names as vLLM spells them; they are map keys, never paths.
 _MODALITY = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class SharedVolumeSettings(_Frozen):
+class SharedVolumeSettings(Frozen):
     """A filesystem every producer and consumer of the pool mounts (RWX PVC)."""
 
     root: str = Field(description="Absolute directory inside the pod that holds the cache.")
@@ -58,7 +55,7 @@ class SharedVolumeSettings(_Frozen):
         return v.rstrip("/")
 
 
-class RdmaSettings(_Frozen):
+class RdmaSettings(Frozen):
     """NIXL over UCX: producers keep embeddings in registered host memory; consumers READ."""
 
     side_channel_port: Annotated[int, Field(ge=1024, le=65535)] = Field(
@@ -99,7 +96,7 @@ class RdmaSettings(_Frozen):
     )
 
 
-class ConnectorConfig(_Frozen):
+class ConnectorConfig(Frozen):
     """The parsed ``ec_connector_extra_config`` of an encoderpool connector."""
 
     version: Literal[1] = Field(default=1, description="Format version.")
@@ -108,7 +105,7 @@ class ConnectorConfig(_Frozen):
     )
     model_fingerprint: str = Field(
         pattern=r"^[0-9a-f]{16}$",
-        description="Fingerprint of the model as served (see report.ModelIdentity); "
+        description="Fingerprint of the model as served (see contracts.ModelIdentity); "
         "entries written under another fingerprint are never loaded.",
     )
     model_identity: ModelIdentity | None = Field(

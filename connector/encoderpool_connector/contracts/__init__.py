@@ -1,0 +1,57 @@
+"""Every format encoderpool's parts share: config, width report, identity, announcement, dtypes.
+
+The operator renders ``ConnectorConfig`` and reads ``WidthReport``; the width
+Job writes the report; the connector parses the config; producer, router and
+consumer speak ``Announcement``. Imports pydantic only (never torch, vLLM or a
+Kubernetes client), so the operator and the router import it freely.
+"""
+
+from encoderpool_connector.contracts.announcement import (
+    ANNOUNCE_KEY,
+    EC_TRANSFER_PARAMS,
+    Announcement,
+    announce,
+    raw_announcement,
+)
+from encoderpool_connector.contracts.config import (
+    ConnectorConfig,
+    RdmaSettings,
+    SharedVolumeSettings,
+)
+from encoderpool_connector.contracts.dtypes import DTYPE_BYTES, Dtype, dtype_name, payload_bytes
+from encoderpool_connector.contracts.identity import ModelIdentity, identity_from_vllm_config
+from encoderpool_connector.contracts.report import (
+    COMPONENT,
+    CONFIGMAP_KEY,
+    CONFIGMAP_PREFIX,
+    LABEL_COMPONENT,
+    LABEL_FINGERPRINT,
+    TERMINATION_MESSAGE_LIMIT,
+    WidthReport,
+    configmap_name,
+)
+
+__all__ = [
+    "ANNOUNCE_KEY",
+    "COMPONENT",
+    "CONFIGMAP_KEY",
+    "CONFIGMAP_PREFIX",
+    "DTYPE_BYTES",
+    "EC_TRANSFER_PARAMS",
+    "LABEL_COMPONENT",
+    "LABEL_FINGERPRINT",
+    "TERMINATION_MESSAGE_LIMIT",
+    "Announcement",
+    "ConnectorConfig",
+    "Dtype",
+    "ModelIdentity",
+    "RdmaSettings",
+    "SharedVolumeSettings",
+    "WidthReport",
+    "announce",
+    "configmap_name",
+    "dtype_name",
+    "identity_from_vllm_config",
+    "payload_bytes",
+    "raw_announcement",
+]
