@@ -1,85 +1,38 @@
-"""The ``EncoderPool`` API (encoderpool.io/v1alpha1): spec, status and the whole object.
+"""``EncoderPool.spec``: what a user asks for (model, images, roles, connector, router, Job).
 
-These models are the contract between users and the operator: the CRD's
-openAPIV3Schema is generated from them (``crdgen``), so every ``description``
-here is what ``kubectl explain`` prints, and every bound here is one the API
-server enforces. Cross-field rules live twice, side by side, so they cannot
-drift: a pydantic validator (what the operator trusts) and a CEL rule in
-``x-kubernetes-validations`` (what the API server enforces), with one message.
-
-No kopf and no Kubernetes client here: the reconcile, tests and tools import it.
+Every ``description`` here is what ``kubectl explain`` prints, and every bound
+is one the API server enforces (the CRD is generated from these models).
+Helpers that turn the spec into the connector's contracts live beside it, so a
+new field and its effect stay in one place.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import datetime, timezone
-from decimal import Decimal
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    AwareDatetime,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    GetCoreSchemaHandler,
-    GetJsonSchemaHandler,
-    ValidationError,
-    WithJsonSchema,
-    field_validator,
-    model_validator,
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from encoderpool_connector.contracts import (
+    ConnectorConfig,
+    ModelIdentity,
+    RdmaSettings,
+    SharedVolumeSettings,
 )
-from pydantic.alias_generators import to_camel
-from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import core_schema
-
-from encoderpool_connector.config import ConnectorConfig, RdmaSettings, SharedVolumeSettings
-from encoderpool_connector.report import ModelIdentity
-
-GROUP = "encoderpool.io"
-VERSION = "v1alpha1"
-API_VERSION: Final = "encoderpool.io/v1alpha1"
-KIND: Final = "EncoderPool"
-PLURAL = "encoderpools"
-SINGULAR = "encoderpool"
-SHORT_NAMES = ("epool",)  # `ep` is taken by Endpoints
-CRD_NAME = f"{PLURAL}.{GROUP}"
-
-# Children are named `<pool>-<role>` (Services need DNS-1035 labels of at most
-# 63 characters), so the pool's own name leaves room for the longest suffix.
-MAX_NAME_LENGTH = 50
-NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-
-# Condition types (PascalCase adjectives, kstatus-friendly).
-WIDTHS_MEASURED = "WidthsMeasured"
-PRODUCERS_AVAILABLE = "ProducersAvailable"
-CONSUMERS_AVAILABLE = "ConsumersAvailable"
-ROUTER_AVAILABLE = "RouterAvailable"
-READY = "Ready"
-CONDITION_TYPES = (
-    WIDTHS_MEASURED,
-    PRODUCERS_AVAILABLE,
-    CONSUMERS_AVAILABLE,
-    ROUTER_AVAILABLE,
-    READY,
+from encoderpool_operator.api.quantity import ByteRange, Quantity, quantity_bytes
+from encoderpool_operator.api.schema import (
+    ApiModel,
+    Label,
+    Modality,
+    ResourceName,
+    cel,
+    cel_extra,
 )
-
-# The API server checks schema bounds as float64; beyond 2**53 they stop being integers.
-MAX_GENERATION = (1 << 53) - 1
 
 DEFAULT_MOUNT_PATH = "/var/cache/encoderpool"
 DEFAULT_UCX_TRANSPORTS = "rc,sm,self"
 
-# Kubernetes resource.Quantity, non-negative (the API server's own regex, sign dropped).
-QUANTITY_PATTERN = (
-    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
-MODALITY_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 # DNS-1123 subdomain (object names such as PVCs, Secrets).
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # A Multus network: `name`, `namespace/name`, optionally `@interface`.
@@ -87,9 +40,6 @@ NETWORK_PATTERN = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(@[A-Za-z0-9_.-]{1,15})?$"
 )
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# metav1.Condition's reason: CamelCase, starts with a letter.
-REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
-CONDITION_TYPE_PATTERN = r"^[A-Z][A-Za-z0-9]*$"
 
 # vLLM flags the operator renders from typed fields; `extraArgs` may not set them.
 OWNED_FLAGS_PATTERN = (
@@ -97,148 +47,8 @@ OWNED_FLAGS_PATTERN = (
     r"|limit[-_]mm[-_]per[-_]prompt|ec[-_]transfer[-_]config|host|port)|-tp)(=.*)?$"
 )
 
-_QUANTITY_SUFFIX: dict[str, Decimal] = {
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal("1e3"),
-    "M": Decimal("1e6"),
-    "G": Decimal("1e9"),
-    "T": Decimal("1e12"),
-    "P": Decimal("1e15"),
-    "E": Decimal("1e18"),
-}
-_QUANTITY_SPLIT = re.compile(r"^([0-9.]+)([eE][-+]?[0-9.]+|[KMGTPE]i|[numkMGTPE])?$")
 
-
-def parse_quantity(quantity: str | int) -> Decimal:
-    """The value of a Kubernetes quantity ("10Gi", "500m", 3), exactly."""
-    text = str(quantity)
-    match = _QUANTITY_SPLIT.match(text)
-    if match is None or not re.match(QUANTITY_PATTERN, text):
-        raise ValueError(f"{text!r} is not a Kubernetes quantity such as 10Gi or 500m")
-    number, suffix = Decimal(match.group(1)), match.group(2) or ""
-    if len(suffix) > 1 and suffix[0] in "eE":  # an exponent; a lone E is exa
-        return number * Decimal(10) ** Decimal(suffix[1:])
-    return number * _QUANTITY_SUFFIX[suffix]
-
-
-def quantity_bytes(quantity: str | int) -> int:
-    """A quantity as a whole number of bytes ("1Gi" -> 1073741824)."""
-    value = parse_quantity(quantity)
-    if value != value.to_integral_value():
-        raise ValueError(f"{quantity!r} is not a whole number of bytes")
-    return int(value)
-
-
-def _int_as_quantity(value: object) -> object:
-    """YAML writes `nvidia.com/gpu: 1` as an integer; the API server accepts both."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    return value
-
-
-@dataclass(frozen=True)
-class ByteRange:
-    """Annotation for a Quantity of bytes: checked here and, by CEL, in the API server."""
-
-    low: int
-    high: int
-
-    @property
-    def message(self) -> str:
-        return f"must be between {_human(self.low)} and {_human(self.high)}"
-
-    def _check(self, value: str) -> str:
-        if not self.low <= quantity_bytes(value) <= self.high:
-            raise ValueError(f"{value!r} {self.message}")
-        return value
-
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(self._check, handler(source))
-
-    def __get_pydantic_json_schema__(
-        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
-        json_schema = dict(handler(schema))
-        q = "quantity(string(self))"
-        rule = (
-            f"{q}.compareTo(quantity('{_human(self.low)}')) >= 0 && "
-            f"{q}.compareTo(quantity('{_human(self.high)}')) <= 0"
-        )
-        json_schema["x-kubernetes-validations"] = [cel(rule, self.message)]
-        return json_schema
-
-
-def _human(n: int) -> str:
-    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
-        unit = int(_QUANTITY_SUFFIX[suffix])
-        if n % unit == 0:
-            return f"{n // unit}{suffix}"
-    return str(n)
-
-
-# A Kubernetes quantity: a string ("10Gi") or an integer (1), stored as a string.
-Quantity = Annotated[
-    str,
-    BeforeValidator(_int_as_quantity),
-    Field(pattern=QUANTITY_PATTERN, max_length=64),
-    WithJsonSchema(
-        {
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "minimum": 0,
-            "pattern": QUANTITY_PATTERN,
-            "maxLength": 64,
-            "x-kubernetes-int-or-string": True,
-        }
-    ),
-]
-
-
-def _utc_seconds(value: datetime) -> datetime:
-    """Kubernetes times have second precision; normalizing keeps read-back equal."""
-    return value.astimezone(timezone.utc).replace(microsecond=0)
-
-
-Timestamp = Annotated[AwareDatetime, AfterValidator(_utc_seconds)]
-Modality = Annotated[str, Field(pattern=MODALITY_PATTERN, max_length=32)]
-ResourceName = Annotated[str, Field(min_length=1, max_length=253)]
-Label = Annotated[str, Field(max_length=63)]
-
-
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    """One `x-kubernetes-validations` entry; `field_path` points the error at a child field."""
-    entry = {"rule": rule, "message": message}
-    if field_path:
-        entry["fieldPath"] = field_path
-    return entry
-
-
-def _cel_extra(*rules: dict[str, str]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": list(rules)}
-
-
-class _Model(BaseModel):
-    """Frozen, strict about unknown keys, camelCase on the wire (as the CRD is)."""
-
-    model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-    )
-
-
-# ---------------------------------------------------------------------- spec
-
-
-class EnvVar(_Model):
+class EnvVar(ApiModel):
     """An environment variable with a literal value."""
 
     name: str = Field(
@@ -247,7 +57,7 @@ class EnvVar(_Model):
     value: str = Field(default="", max_length=4096, description="Literal value.")
 
 
-class LocalObjectReference(_Model):
+class LocalObjectReference(ApiModel):
     """A reference to an object in the pool's namespace."""
 
     name: str = Field(
@@ -255,7 +65,7 @@ class LocalObjectReference(_Model):
     )
 
 
-class ModelSpec(_Model):
+class ModelSpec(ApiModel):
     """The multimodal model every producer and consumer serves, and how vLLM serves it."""
 
     name: str = Field(
@@ -297,7 +107,7 @@ class ModelSpec(_Model):
         "[--max-model-len, '8192']. Flags the operator sets from typed fields "
         "(--model, --revision, --dtype, --served-model-name, --tensor-parallel-size, "
         "--limit-mm-per-prompt, --ec-transfer-config, --host, --port) are refused.",
-        json_schema_extra=_cel_extra(
+        json_schema_extra=cel_extra(
             cel(
                 f"self.all(a, !a.matches('{OWNED_FLAGS_PATTERN}'))",
                 "must not set --model, --revision, --dtype, "
@@ -336,7 +146,7 @@ class ModelSpec(_Model):
         return value
 
 
-class ResourceRequirements(_Model):
+class ResourceRequirements(ApiModel):
     """Compute resources of a container, as in a Pod: requests and limits by resource name."""
 
     requests: dict[ResourceName, Quantity] = Field(
@@ -355,11 +165,11 @@ _TOLERATION_VALUE_RULE = "value must be empty when operator is Exists"
 _TOLERATION_SECONDS_RULE = "tolerationSeconds applies only to effect NoExecute"
 
 
-class Toleration(_Model):
+class Toleration(ApiModel):
     """A Pod toleration (see `kubectl explain pod.spec.tolerations`)."""
 
     model_config = ConfigDict(
-        json_schema_extra=_cel_extra(
+        json_schema_extra=cel_extra(
             cel(
                 "!has(self.operator) || self.operator != 'Exists' || "
                 "!has(self.value) || self.value == ''",
@@ -403,7 +213,7 @@ class Toleration(_Model):
 _FREE_FORM: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
 
 
-class RoleSpec(_Model):
+class RoleSpec(ApiModel):
     """One role's pods: producers run the encoder only, consumers run the LM."""
 
     replicas: int = Field(default=1, ge=1, le=256, description="Number of pods.")
@@ -456,11 +266,11 @@ _CLASS_FIXED = (
 )
 
 
-class SharedVolumeSpec(_Model):
+class SharedVolumeSpec(ApiModel):
     """A filesystem every producer and consumer mounts; embeddings are files on it."""
 
     model_config = ConfigDict(
-        json_schema_extra=_cel_extra(
+        json_schema_extra=cel_extra(
             cel("has(self.size) != has(self.existingClaim)", _ONE_CLAIM),
             cel("!has(self.storageClassName) || has(self.size)", _CLASS_NEEDS_SIZE),
             cel("has(self.capacity) || has(self.size)", _CAPACITY_NEEDED),
@@ -566,11 +376,11 @@ _SHM_FITS = (
 )
 
 
-class RdmaSpec(_Model):
+class RdmaSpec(ApiModel):
     """NIXL over UCX: producers keep embeddings in registered memory, consumers READ them."""
 
     model_config = ConfigDict(
-        json_schema_extra=_cel_extra(
+        json_schema_extra=cel_extra(
             cel(
                 "!has(self.shmSize) || !has(self.bufferSize) || "
                 "quantity(string(self.shmSize)).compareTo(quantity(string(self.bufferSize))) >= 0",
@@ -649,11 +459,11 @@ class RdmaSpec(_Model):
         )
 
 
-class ConnectorSpec(_Model):
+class ConnectorSpec(ApiModel):
     """How embeddings travel from producers to consumers: exactly one transport."""
 
     model_config = ConfigDict(
-        json_schema_extra=_cel_extra(
+        json_schema_extra=cel_extra(
             cel("has(self.sharedVolume) != has(self.rdma)", _ONE_TRANSPORT)
         )
     )
@@ -677,7 +487,7 @@ class ConnectorSpec(_Model):
         return "sharedVolume" if self.shared_volume is not None else "rdma"
 
 
-class RouterSpec(_Model):
+class RouterSpec(ApiModel):
     """The pool's OpenAI-compatible endpoint: fans media out to producers, text to consumers."""
 
     enabled: bool = Field(
@@ -699,7 +509,7 @@ class RouterSpec(_Model):
     )
 
 
-class WidthJobSpec(_Model):
+class WidthJobSpec(ApiModel):
     """The Job that loads the model once and measures its encoder output widths."""
 
     image: str | None = Field(
@@ -723,7 +533,7 @@ class WidthJobSpec(_Model):
     )
 
 
-class EncoderPoolSpec(_Model):
+class EncoderPoolSpec(ApiModel):
     """Desired state: one model served by encoder producers and LM consumers."""
 
     model: ModelSpec = Field(description="The model and how vLLM serves it.")
@@ -782,207 +592,3 @@ class EncoderPoolSpec(_Model):
             shared_volume=shared.settings() if shared is not None else None,
             rdma=rdma.settings() if rdma is not None else None,
         )
-
-
-# -------------------------------------------------------------------- status
-
-
-class ConditionUpdate(_Model):
-    """A condition as the reconcile computes it; ``conditions.set_condition`` adds the time."""
-
-    type: str = Field(
-        min_length=1,
-        max_length=64,
-        pattern=CONDITION_TYPE_PATTERN,
-        description="Condition type: " + ", ".join(CONDITION_TYPES) + ".",
-    )
-    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(
-        min_length=1,
-        max_length=1024,
-        pattern=REASON_PATTERN,
-        description="Why, in CamelCase, for machines (e.g. JobRunning).",
-    )
-    message: str = Field(default="", max_length=32768, description="Why, for humans.")
-    observed_generation: int | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_GENERATION,
-        description="metadata.generation the condition was computed from.",
-    )
-
-
-class Condition(ConditionUpdate):
-    """One aspect of the pool's state (metav1.Condition's shape)."""
-
-    last_transition_time: Timestamp = Field(
-        description="When status last changed (not when the condition was last computed)."
-    )
-
-
-class ReplicaStatus(_Model):
-    """Pod counts of one Deployment, as its status reports them."""
-
-    desired: int = Field(default=0, ge=0, le=10000, description="Pods the spec asks for.")
-    ready: int = Field(default=0, ge=0, le=10000, description="Pods passing readiness.")
-    available: int = Field(
-        default=0, ge=0, le=10000, description="Pods ready for at least minReadySeconds."
-    )
-    summary: str = Field(
-        default="0/0",
-        max_length=16,
-        pattern=r"^[0-9]+/[0-9]+$",
-        description="ready/desired, for `kubectl get` (derived; any value given is replaced).",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _derive_summary(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            data = dict(data)
-            data["summary"] = f"{data.get('ready', 0)}/{data.get('desired', 0)}"
-        return data
-
-
-class EncoderPoolStatus(_Model):
-    """Observed state, written by the operator only."""
-
-    observed_generation: int | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_GENERATION,
-        description="metadata.generation of the spec this status reflects.",
-    )
-    conditions: tuple[Condition, ...] = Field(
-        default=(),
-        max_length=16,
-        description="WidthsMeasured, ProducersAvailable, ConsumersAvailable, "
-        "RouterAvailable and Ready (all of them True).",
-        json_schema_extra={
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["type"],
-        },
-    )
-    transport: Literal["sharedVolume", "rdma"] | None = Field(
-        default=None, description="Connector transport the pods were last rendered with."
-    )
-    model_fingerprint: str | None = Field(
-        default=None,
-        pattern=r"^[0-9a-f]{16}$",
-        max_length=16,
-        description="Fingerprint of the model as served (keys the width report).",
-    )
-    width_report_name: str | None = Field(
-        default=None,
-        max_length=253,
-        description="ConfigMap in the pool's namespace that holds the width report.",
-    )
-    encoder_output_widths: dict[Modality, Annotated[int, Field(ge=1, le=1 << 20)]] = Field(
-        default_factory=dict,
-        max_length=8,
-        description="Measured encoder output width per modality.",
-    )
-    bytes_per_token: dict[Modality, Annotated[int, Field(ge=1, le=1 << 24)]] = Field(
-        default_factory=dict,
-        max_length=8,
-        description="Bytes one encoder output token takes in the cache, per modality.",
-    )
-    hidden_size: int | None = Field(
-        default=None, ge=1, le=1 << 20, description="The LM's hidden size, as measured."
-    )
-    producers: ReplicaStatus | None = Field(default=None, description="Producer pods.")
-    consumers: ReplicaStatus | None = Field(default=None, description="Consumer pods.")
-    router: ReplicaStatus | None = Field(default=None, description="Router pods.")
-    router_endpoint: str | None = Field(
-        default=None,
-        max_length=512,
-        description="URL of the pool's endpoint in the cluster: "
-        "http://<router service>.<namespace>.svc:<port>; empty without a router.",
-    )
-
-
-# -------------------------------------------------------------------- object
-
-_NAME_RULE = (
-    f"must be a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) "
-    f"of at most {MAX_NAME_LENGTH} characters: child objects are named <name>-<role>"
-)
-# The CRD may constrain metadata.name only; crdgen puts this rule there.
-METADATA_NAME_RULE = cel(
-    f"size(self) <= {MAX_NAME_LENGTH} && self.matches('{NAME_PATTERN}')", _NAME_RULE
-)
-
-
-class EncoderPool(_Model):
-    """A pool of vLLM encoder producers and LM consumers wired by an encoder-cache connector."""
-
-    # model_validate(obj) takes what the API server returns; from_object also
-    # takes kopf's mapping views and names the object in its error.
-
-    api_version: Literal["encoderpool.io/v1alpha1"] = Field(
-        default=API_VERSION, description="encoderpool.io/v1alpha1."
-    )
-    kind: Literal["EncoderPool"] = Field(default=KIND, description="EncoderPool.")
-    metadata: dict[str, Any] = Field(
-        default_factory=dict, description="Standard object metadata (kept as the server sent it)."
-    )
-    spec: EncoderPoolSpec = Field(description="Desired state.")
-    status: EncoderPoolStatus = Field(
-        default_factory=EncoderPoolStatus, description="Observed state."
-    )
-
-    @field_validator("metadata")
-    @classmethod
-    def _name(cls, value: dict[str, Any]) -> dict[str, Any]:
-        name = value.get("name")
-        if name is not None and (
-            len(name) > MAX_NAME_LENGTH or not re.match(NAME_PATTERN, str(name))
-        ):
-            raise ValueError(f"metadata.name {name!r} {_NAME_RULE}")
-        return value
-
-    @property
-    def name(self) -> str:
-        return str(self.metadata.get("name", ""))
-
-    @property
-    def namespace(self) -> str:
-        return str(self.metadata.get("namespace", ""))
-
-    @property
-    def generation(self) -> int | None:
-        generation = self.metadata.get("generation")
-        return int(generation) if generation is not None else None
-
-    @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> EncoderPool:
-        """Parse an object from the API server or kopf (nested mappings welcome).
-
-        Raises ValueError naming the object and each bad field (camelCase paths),
-        fit for kopf.PermanentError and a Ready=False condition message.
-        """
-        plain = _plain(obj)
-        try:
-            return cls.model_validate(plain)
-        except ValidationError as e:
-            meta = plain.get("metadata") if isinstance(plain, dict) else None
-            meta = meta if isinstance(meta, dict) else {}
-            who = f"{meta.get('namespace', '')}/{meta.get('name', '?')}".lstrip("/")
-            raise ValueError(f"{KIND} {who} is invalid: {format_errors(e)}") from None
-
-
-def format_errors(error: ValidationError) -> str:
-    """`spec.connector.sharedVolume.size: <what is wrong>; ...` (camelCase paths)."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '<object>'}: {err['msg']}"
-        for err in error.errors()
-    )
-
-
-def _plain(value: Any) -> Any:
-    """kopf hands out Mapping views; pydantic wants dicts and lists."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
