@@ -31,8 +31,8 @@ lint: venv
 	@V=$$(tools/venv.sh); $$V/bin/ruff check . && $$V/bin/ruff format --check . && $$V/bin/mypy
 
 crds: venv
-	@V=$$(tools/venv.sh); $$V/bin/python -m encoderpool_operator.crdgen crds/ && \
-	  $$V/bin/python -m encoderpool_operator.chartvalues charts/encoderpool-operator
+	@V=$$(tools/venv.sh); $$V/bin/python -m encoderpool_codegen.crd crds/ && \
+	  $$V/bin/python -m encoderpool_codegen.chart charts/encoderpool-operator
 
 test: venv cluster-bin
 	@V=$$(tools/venv.sh); export ENCODERPOOL_BIN=$$(e2e/cluster/build.sh); \

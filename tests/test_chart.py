@@ -17,7 +17,8 @@ import yaml
 from pydantic import BaseModel
 
 from e2e.cluster.runner import bin_dir
-from encoderpool_operator import chartvalues, crdgen, rbac
+from encoderpool_codegen import chart, crd
+from encoderpool_operator import rbac
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "encoderpool-operator"
@@ -55,20 +56,20 @@ def by_kind(manifest: str) -> dict[str, dict[str, Any]]:
 
 def test_generated_chart_files_are_in_sync() -> None:
     """values.schema.json, files/rbac.json and the chart's CRD are what the generator writes."""
-    assert chartvalues.main(["--check", str(CHART)]) == 0, (
-        "run: python -m encoderpool_operator.chartvalues charts/encoderpool-operator"
+    assert chart.main(["--check", str(CHART)]) == 0, (
+        "run: make crds"
     )
 
 
 def test_the_charts_crd_is_byte_identical_to_the_generated_one() -> None:
-    chart_crd = CHART / "crds" / crdgen.FILENAME
-    assert chart_crd.read_bytes() == (REPO / "crds" / crdgen.FILENAME).read_bytes()
+    chart_crd = CHART / "crds" / crd.FILENAME
+    assert chart_crd.read_bytes() == (REPO / "crds" / crd.FILENAME).read_bytes()
 
 
 def test_values_yaml_is_the_models_defaults() -> None:
     """values.yaml is hand-written for its comments; it may not drift from the schema's model."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values == chartvalues.ChartValues().model_dump(by_alias=True, mode="json")
+    assert values == chart.ChartValues().model_dump(by_alias=True, mode="json")
 
 
 def test_every_value_in_values_yaml_is_commented() -> None:
@@ -76,7 +77,7 @@ def test_every_value_in_values_yaml_is_commented() -> None:
     lines = (CHART / "values.yaml").read_text().splitlines()
     sections = {
         field.alias or name
-        for name, field in chartvalues.ChartValues.model_fields.items()
+        for name, field in chart.ChartValues.model_fields.items()
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
     }
     section, values = "", []
@@ -313,11 +314,11 @@ def test_service_monitor_timeout_is_at_most_its_interval(
     assert (res.returncode == 0) is ok, res.stderr
     values = {"serviceMonitor": {"enabled": True, "interval": interval, "scrapeTimeout": timeout}}
     if ok:
-        chartvalues.ChartValues.model_validate(values)
+        chart.ChartValues.model_validate(values)
     else:
         assert f"scrapeTimeout: {timeout} is longer than serviceMonitor.interval" in res.stderr
         with pytest.raises(ValueError, match="scrapeTimeout: longer than"):
-            chartvalues.ChartValues.model_validate(values)
+            chart.ChartValues.model_validate(values)
 
 
 @pytest.mark.parametrize(
@@ -354,7 +355,7 @@ def test_the_model_refuses_what_the_schema_refuses() -> None:
         ({"serviceMonitor": {"labels": {"helm.sh/chart": "x"}}}, "not a label key of its own"),
     ):
         with pytest.raises(ValueError, match=message):
-            chartvalues.ChartValues.model_validate(values)
+            chart.ChartValues.model_validate(values)
 
 
 def test_rbac_json_lists_each_reason() -> None:
@@ -371,7 +372,7 @@ def test_gitops_examples_install_this_chart_with_valid_values() -> None:
     argo = yaml.safe_load((REPO / "examples" / "argocd-application.yaml").read_text())
     source = argo["spec"]["source"]
     assert (REPO / source["path"]) == CHART
-    chartvalues.ChartValues.model_validate(source["helm"]["valuesObject"])
+    chart.ChartValues.model_validate(source["helm"]["valuesObject"])
     flux = {
         d["kind"]: d
         for d in yaml.safe_load_all((REPO / "examples" / "flux-helmrelease.yaml").read_text())
@@ -381,6 +382,6 @@ def test_gitops_examples_install_this_chart_with_valid_values() -> None:
     assert (
         release["chart"]["spec"]["sourceRef"]["name"] == flux["GitRepository"]["metadata"]["name"]
     )
-    chartvalues.ChartValues.model_validate(release["values"])
+    chart.ChartValues.model_validate(release["values"])
     version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     assert source["targetRevision"] == flux["GitRepository"]["spec"]["ref"]["tag"] == f"v{version}"

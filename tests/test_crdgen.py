@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from encoderpool_operator import api, crdgen
+from encoderpool_codegen import crd as codegen_crd
+from encoderpool_operator import api
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMITTED = ROOT / "crds" / crdgen.FILENAME
+COMMITTED = ROOT / "crds" / codegen_crd.FILENAME
 
 # What pydantic emits and a structural schema must not carry.
 FORBIDDEN_KEYS = {"$ref", "$defs", "title", "const", "patternProperties", "propertyNames"}
@@ -43,17 +44,17 @@ NODES = list(_nodes(_schema()))
 
 
 def test_committed_crd_equals_a_regeneration() -> None:
-    assert COMMITTED.read_text() == crdgen.render(), "stale CRD: run `make crds` and commit it"
+    assert COMMITTED.read_text() == codegen_crd.render(), "stale CRD: run `make crds` and commit it"
 
 
 def test_check_mode_reports_a_stale_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert crdgen.main([str(tmp_path)]) == 0
-    assert crdgen.main(["--check", str(tmp_path)]) == 0
-    stale = tmp_path / crdgen.FILENAME
+    assert codegen_crd.main([str(tmp_path)]) == 0
+    assert codegen_crd.main(["--check", str(tmp_path)]) == 0
+    stale = tmp_path / codegen_crd.FILENAME
     stale.write_text(stale.read_text().replace("epool", "ep"))
-    assert crdgen.main(["--check", str(tmp_path)]) == 1
+    assert codegen_crd.main(["--check", str(tmp_path)]) == 1
     out = capsys.readouterr()
     assert "-    - ep\n" in out.out
     assert "+    - epool\n" in out.out

@@ -1,8 +1,9 @@
 """Every permission the operator needs: the one list the Helm chart's RBAC is rendered from.
 
-``python -m encoderpool_operator.chartvalues charts/encoderpool-operator`` writes
-it to the chart's files/rbac.json, which the templates render (never a
-hand-kept copy of the rules), and
+It lives beside the code whose API calls it grants, so a change to those calls
+and to this list go together. ``python -m encoderpool_codegen.chart
+charts/encoderpool-operator`` writes it to the chart's files/rbac.json, which
+the templates render (never a hand-kept copy of the rules), and
 tests/test_rbac_chart.py proves the list on the local control plane both ways:
 the operator, run as the chart's ServiceAccount, never gets a 403, and every
 verb granted here is used at least once (DELEGATED ones excepted, with why).
@@ -10,7 +11,6 @@ verb granted here is used at least once (DELEGATED ones excepted, with why).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -160,7 +160,3 @@ def rules(mode: Mode) -> list[dict[str, Any]]:
 def granted(mode: Mode) -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) triples the chart grants in ``mode``."""
     return {(p.group, p.resource, v) for p in PERMISSIONS if mode in p.modes for v in p.verbs}
-
-
-def render() -> str:
-    return json.dumps({mode: rules(mode) for mode in MODES}, indent=2) + "\n"

@@ -35,7 +35,7 @@ _NAME_RULE = (
     f"must be a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) "
     f"of at most {MAX_NAME_LENGTH} characters: child objects are named <name>-<role>"
 )
-# The CRD may constrain metadata.name only; crdgen puts this rule there.
+# The CRD may constrain metadata.name only; encoderpool_codegen.crd puts this rule there.
 METADATA_NAME_RULE = cel(
     f"size(self) <= {MAX_NAME_LENGTH} && self.matches('{NAME_PATTERN}')", _NAME_RULE
 )

@@ -1,7 +1,7 @@
 """The Helm chart's values as a pydantic model, and the generator of the chart's derived files.
 
-    python -m encoderpool_operator.chartvalues charts/encoderpool-operator          # write
-    python -m encoderpool_operator.chartvalues --check charts/encoderpool-operator  # 1 if stale
+    python -m encoderpool_codegen.chart charts/encoderpool-operator          # write (make crds)
+    python -m encoderpool_codegen.chart --check charts/encoderpool-operator  # 1 if stale
 
 It writes three files that must never be edited by hand, so that they cannot
 drift from their sources:
@@ -11,7 +11,7 @@ drift from their sources:
   with a message naming it;
 - ``files/rbac.json`` from ``rbac.PERMISSIONS`` (the templates render it);
 - ``crds/encoderpool.io_encoderpools.yaml``, byte-identical to ``crds/`` at the
-  repository root (``crdgen``).
+  repository root (``encoderpool_codegen.crd``).
 
 ``values.yaml`` is written by hand for its comments; tests/test_chart.py checks
 that it equals ``ChartValues()``'s defaults.
@@ -28,7 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from encoderpool_operator import crdgen, rbac
+from encoderpool_codegen import crd
+from encoderpool_operator import rbac
 
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
 # A label key (optional DNS-subdomain prefix, then a name) and a label value.
@@ -298,17 +299,22 @@ def schema() -> dict[str, Any]:
     return out
 
 
+def rbac_json() -> str:
+    """files/rbac.json: each install mode's rules, with each rule's reason (the chart prints it)."""
+    return json.dumps({mode: rbac.rules(mode) for mode in rbac.MODES}, indent=2) + "\n"
+
+
 def _derived() -> dict[str, str]:
     """Chart-relative path -> the text it must hold."""
     return {
         "values.schema.json": json.dumps(schema(), indent=2, sort_keys=True) + "\n",
-        "files/rbac.json": rbac.render(),
-        f"crds/{crdgen.FILENAME}": crdgen.render(),
+        "files/rbac.json": rbac_json(),
+        f"crds/{crd.FILENAME}": crd.render(),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m encoderpool_operator.chartvalues")
+    parser = argparse.ArgumentParser(prog="python -m encoderpool_codegen.chart")
     parser.add_argument("chart", type=Path, help="charts/encoderpool-operator")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale")
     args = parser.parse_args(argv)
