@@ -1,20 +1,27 @@
-# syntax=docker/dockerfile:1
 # The operator image: the kopf operator and each pool's router (no torch, no vLLM).
-#   docker build -f docker/operator.Dockerfile -t ghcr.io/encoderpool/encoderpool-operator:0.1.0 .
-# Dependencies are pinned by requirements/lock.txt, the lock the tests run against.
-# Pin the base by digest in your registry (FROM python:3.11.11-slim-bookworm@sha256:...).
-FROM python:3.11.11-slim-bookworm AS build
+# Build it with docker/build.sh (offline: our Debian base and a wheelhouse made on the
+# host; --online: the public python base and PyPI). The context is the one build.sh
+# assembles: the project's sources, requirements/lock.txt and wheels/ (empty online).
+# Pin the base by digest in your registry (python:3.11.11-slim-bookworm@sha256:...).
+ARG PYTHON_BASE=python:3.11.11-slim-bookworm
+FROM ${PYTHON_BASE} AS build
+# --no-index --find-links /wheels when offline; empty means PyPI.
+ARG PIP_INDEX_ARGS=""
 WORKDIR /src
+COPY wheels/ /wheels/
 COPY pyproject.toml README.md ./
 COPY requirements/lock.txt requirements/lock.txt
 COPY operator/ operator/
 COPY connector/ connector/
-RUN python -m venv /opt/encoderpool \
- && /opt/encoderpool/bin/pip install --no-cache-dir --constraint requirements/lock.txt ".[operator,router]"
+COPY router/ router/
+# hadolint ignore=DL3013
+RUN python3 -m venv /opt/encoderpool \
+ && /opt/encoderpool/bin/pip install --no-cache-dir ${PIP_INDEX_ARGS} \
+      --constraint requirements/lock.txt ".[operator,router]"
 
-FROM python:3.11.11-slim-bookworm
+FROM ${PYTHON_BASE}
 COPY --from=build /opt/encoderpool /opt/encoderpool
-# `kopf` (the operator) and `python -m encoderpool_connector.router` (the router) come from here.
+# `kopf` (the operator) and `python -m encoderpool_router` (the router) come from here.
 ENV PATH=/opt/encoderpool/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

@@ -1,4 +1,14 @@
 #!/usr/bin/env bash
-# Delete the kind cluster e2e/kind/up.sh made (its images stay in the local docker).
+# Delete a kind cluster e2e/kind/up.sh made (by name) and its state folder; images are kept.
+#   e2e/kind/down.sh [name]   (default encoderpool)
 set -euo pipefail
-kind delete cluster --name "${KIND_CLUSTER:-encoderpool}"
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+name=${1:-encoderpool}
+cache=${ENCODERPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/encoderpool}
+if [ -z "${DOCKER_HOST:-}" ] && ! docker version >/dev/null 2>&1; then DOCKER_HOST=$("$root/tools/dockerd.sh" host); export DOCKER_HOST; fi
+kind=${KIND:-$("$here/build.sh")/kind}
+state=$cache/kind/clusters/$name
+"$kind" delete cluster --name "$name" --kubeconfig "$state/kubeconfig" >&2
+# The node wrote into the shared folder as root: remove it the same way.
+rm -rf "$state"

@@ -1,79 +1,43 @@
 #!/usr/bin/env bash
-# The whole system on a kind cluster (a machine with docker, kind, kubectl, helm and
-# python3): build and load the images, helm install the operator, apply the sample
-# pool (tiny random Qwen2-VL on CPUs), wait for Ready, send one image request.
-#   e2e/kind/up.sh      then   e2e/kind/down.sh
-# Env: KIND_CLUSTER (encoderpool), VLLM_BASE (vLLM 0.32.0 CPU release image).
+# A kind cluster for encoderpool: one node, a host folder shared with it, ready for pods.
+# Works offline here (node image assembled by node/image.sh, our own dockerd) and, unchanged,
+# on a machine with a registry and the stock node image (KIND_NODE_IMAGE=kindest/node:v1.36.3).
+#   e2e/kind/up.sh [name]   (default encoderpool)  -> prints KEY=value lines: KUBECONFIG,
+#                           KIND_CLUSTER, KIND_SHARE (the host folder at /var/lib/encoderpool
+#                           in the node), DOCKER_HOST, PATH_PREFIX (kind's docker shim, or empty)
+#   e2e/kind/down.sh [name]
+# Env: KIND_NODE_IMAGE (default: build it offline), DOCKER_HOST (default: tools/dockerd.sh),
+#      KIND (a kind binary; default e2e/kind/build.sh's), ENCODERPOOL_CACHE
 set -euo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-cluster=${KIND_CLUSTER:-encoderpool}
-vllm_base=${VLLM_BASE:-public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0}
-operator_image=ghcr.io/encoderpool/encoderpool-operator:0.1.0
-pool_image=localhost/encoderpool/vllm-cpu:0.32.0  # what examples/pool-shared-volume.yaml runs
-ns=demo
-step() { echo "=== $*" >&2; }
-
-step "kind cluster $cluster"
-kind get clusters | grep -qx "$cluster" || kind create cluster --name "$cluster" --config e2e/kind/cluster.yaml
-kubectl config use-context "kind-$cluster" >/dev/null
-
-step "images"
-docker build -f docker/operator.Dockerfile -t "$operator_image" .
-docker build -f docker/vllm.Dockerfile --build-arg VLLM_BASE="$vllm_base" -t encoderpool/vllm-cpu-connector:0.32.0 .
-docker build -f e2e/kind/model.Dockerfile -t "$pool_image" .
-kind load docker-image --name "$cluster" "$operator_image" "$pool_image"
-
-step "helm install"
-helm upgrade --install encoderpool charts/encoderpool-operator \
-  --namespace encoderpool-system --create-namespace --wait --timeout 5m
-
-step "shared volume: kind's storage class is ReadWriteOnce; one node's hostPath can be ReadWriteMany"
-kubectl apply -f - <<'YAML'
-apiVersion: v1
-kind: PersistentVolume
-metadata: {name: encoderpool-demo-cache}
-spec:
-  capacity: {storage: 1Gi}
-  accessModes: [ReadWriteMany]
-  storageClassName: encoderpool-kind-rwx
-  hostPath: {path: /var/cache/encoderpool-demo, type: DirectoryOrCreate}
-YAML
-
-step "sample pool"
-kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f -
-kubectl create --dry-run=client -o json -f examples/pool-shared-volume.yaml \
-  | python3 -c 'import json, sys
-pool = json.load(sys.stdin)
-pool["spec"]["connector"]["sharedVolume"]["storageClassName"] = "encoderpool-kind-rwx"
-json.dump(pool, sys.stdout)' \
-  | kubectl apply -n "$ns" -f -
-kubectl wait -n "$ns" --for=condition=Ready encoderpool/tiny --timeout=30m
-kubectl get -n "$ns" encoderpool/tiny
-
-step "one request through the router"
-kubectl port-forward -n "$ns" service/tiny 18000:8000 >/dev/null &
-forward=$!
-trap 'kill $forward' EXIT
-sleep 3
-python3 - <<'PY'
-import base64, json, struct, urllib.request, zlib
-
-def png(w=112, h=112):  # a gradient, stdlib only
-    rows = b"".join(b"\0" + bytes(v for x in range(w) for v in (2 * x % 256, 2 * y % 256, 128)) for y in range(h))
-    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
-
-url = "data:image/png;base64," + base64.b64encode(png()).decode()
-body = {"model": "tiny-qwen2vl", "max_tokens": 8, "temperature": 0,
-        "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}},
-            {"type": "text", "text": "What is in the image?"}]}]}
-req = urllib.request.Request("http://127.0.0.1:18000/v1/chat/completions",
-                             json.dumps(body).encode(), {"Content-Type": "application/json"})
-with urllib.request.urlopen(req, timeout=300) as resp:
-    answer = json.load(resp)
-print("answer:", repr(answer["choices"][0]["message"]["content"]), answer["usage"])
-PY
-step "done: kubectl get -n $ns encoderpool,pods   |   e2e/kind/down.sh"
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+name=${1:-encoderpool}
+cache=${ENCODERPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/encoderpool}
+step() { echo "kind/up.sh: $*" >&2; }
+t0=$(date +%s)
+if [ -z "${DOCKER_HOST:-}" ] && ! docker version >/dev/null 2>&1; then DOCKER_HOST=$("$root/tools/dockerd.sh" start); fi
+export DOCKER_HOST=${DOCKER_HOST:-}
+[ -n "$DOCKER_HOST" ] || unset DOCKER_HOST
+kind=${KIND:-$("$here/build.sh")/kind}
+node_image=${KIND_NODE_IMAGE:-$("$here/node/image.sh")}
+# The shim, only where a privileged container cannot start (never on a normal Docker host).
+prefix=
+if ! docker run --rm --privileged --network none --entrypoint /bin/true "$node_image" >/dev/null 2>&1; then
+  step "privileged containers fail here: kind runs through e2e/kind/shim"
+  prefix=$here/shim; export PATH=$prefix:$PATH
+fi
+state=$cache/kind/clusters/$name; share=$state/share; kubeconfig=$state/kubeconfig
+mkdir -p "$share"
+sed -e "s|NODE_IMAGE|$node_image|" -e "s|SHARE_DIR|$share|" "$here/cluster.yaml" > "$state/cluster.yaml"
+if ! "$kind" get clusters 2>/dev/null | grep -qx "$name"; then
+  step "creating cluster $name ($node_image)"
+  "$kind" create cluster --name "$name" --config "$state/cluster.yaml" --kubeconfig "$kubeconfig" --wait 5m >&2
+else
+  "$kind" export kubeconfig --name "$name" --kubeconfig "$kubeconfig" >&2
+fi
+step "cluster $name ready in $(( $(date +%s) - t0 )) s"
+echo "KUBECONFIG=$kubeconfig"
+echo "KIND_CLUSTER=$name"
+echo "KIND_SHARE=$share"
+echo "DOCKER_HOST=${DOCKER_HOST:-}"
+echo "PATH_PREFIX=$prefix"

