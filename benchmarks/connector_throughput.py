@@ -34,10 +34,14 @@ from typing import Any
 
 import torch
 
-from encoderpool_connector.entry import Expect, entry_name, verify_file
-from encoderpool_connector.metadata import LoadSpec
-from encoderpool_connector.store import Pins, SharedStore
-from encoderpool_connector.sv_worker import BackgroundWriter, SharedVolumeWorker, _LockedStats
+from encoderpool_connector.shared_volume.entry import Expect, entry_name, verify_file
+from encoderpool_connector.shared_volume.metadata import LoadSpec
+from encoderpool_connector.shared_volume.store import Pins, SharedStore
+from encoderpool_connector.shared_volume.worker import (
+    BackgroundWriter,
+    SharedVolumeWorker,
+    writer_stats,
+)
 
 FP = "0123456789abcdef"
 
@@ -98,7 +102,7 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path) -> dict[str, floa
     ours_root = root / f"ours-{kind}"
     store = SharedStore(str(ours_root), capacity_bytes=1 << 40, eviction="lru")
     store.prepare_producer()
-    stats = _LockedStats()
+    stats = writer_stats()
     writer = BackgroundWriter(store, FP, maxsize=max(64, n), stats=stats)
     t_all = time.perf_counter()
     ours_save = [timed(lambda h=h: writer.submit(h, tensors[h])) for h in tensors]
@@ -109,7 +113,7 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path) -> dict[str, floa
 
     pins = Pins(store)
     worker = SharedVolumeWorker.__new__(SharedVolumeWorker)
-    worker.stats, worker._failed, worker._device = _LockedStats(), set(), torch.device("cpu")
+    worker.stats, worker._failed, worker._device = writer_stats(), set(), torch.device("cpu")
     ours_verify, ours_load = [], []
     for h in tensors:
         name = entry_name(FP, h)

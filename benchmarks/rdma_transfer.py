@@ -61,16 +61,16 @@ def _tensors(kind: str, n: int, shape: tuple[int, int]) -> dict[str, Any]:
 
 def serve(shm_dir: str, n_large: int, n_small: int) -> None:
     """The producer process: write every item with the worker's code, print coordinates."""
-    from encoderpool_connector.rdma_buffer import (
+    from encoderpool_connector.rdma.buffer import (
         HEADER_BYTES,
         SharedRegion,
         SlotAllocator,
         unpack_slot_header,
     )
-    from encoderpool_connector.rdma_channel import Coordinates, SideChannelServer
-    from encoderpool_connector.rdma_meta import RdmaMetadata, WritePlan
-    from encoderpool_connector.rdma_transfer import ProducerAgent
-    from encoderpool_connector.rdma_worker import RdmaWorker
+    from encoderpool_connector.rdma.channel import Coordinates, SideChannelServer
+    from encoderpool_connector.rdma.metadata import RdmaMetadata, WritePlan
+    from encoderpool_connector.rdma.transfer import ProducerAgent
+    from encoderpool_connector.rdma.worker import RdmaWorker
 
     items = {**_tensors("large", n_large, LARGE), **_tensors("small", n_small, SMALL)}
     size = sum(HEADER_BYTES + t.numel() * 2 + 64 for t in items.values())
@@ -121,11 +121,11 @@ def med_ms(xs: list[float]) -> float:
 def bench_nixl(items: list[dict[str, Any]], shm_dir: str) -> dict[str, dict[str, float]]:
     import torch
 
-    from encoderpool_connector.rdma_buffer import SharedRegion
-    from encoderpool_connector.rdma_channel import parse_coordinates
-    from encoderpool_connector.rdma_meta import LoadPlan, RdmaMetadata
-    from encoderpool_connector.rdma_transfer import Puller
-    from encoderpool_connector.rdma_worker import RdmaWorker
+    from encoderpool_connector.rdma.buffer import SharedRegion
+    from encoderpool_connector.rdma.channel import parse_coordinates
+    from encoderpool_connector.rdma.metadata import LoadPlan, RdmaMetadata
+    from encoderpool_connector.rdma.transfer import Puller
+    from encoderpool_connector.rdma.worker import RdmaWorker
 
     biggest = max(i["coords"]["size"] for i in items)
     cfg = _config(max(2 * biggest + 4096, 1 << 20), shm_dir)
@@ -189,22 +189,26 @@ def bench_nixl(items: list[dict[str, Any]], shm_dir: str) -> dict[str, dict[str,
 def bench_shared_volume(n: int, kind: str, shape: tuple[int, int], root: Path) -> dict[str, float]:
     import torch
 
-    from encoderpool_connector.entry import Expect, entry_name, verify_file
-    from encoderpool_connector.metadata import LoadSpec
-    from encoderpool_connector.store import Pins, SharedStore
-    from encoderpool_connector.sv_worker import BackgroundWriter, SharedVolumeWorker, _LockedStats
+    from encoderpool_connector.shared_volume.entry import Expect, entry_name, verify_file
+    from encoderpool_connector.shared_volume.metadata import LoadSpec
+    from encoderpool_connector.shared_volume.store import Pins, SharedStore
+    from encoderpool_connector.shared_volume.worker import (
+        BackgroundWriter,
+        SharedVolumeWorker,
+        writer_stats,
+    )
 
     tensors = _tensors(kind, n, shape)
     store = SharedStore(str(root / kind), capacity_bytes=1 << 40, eviction="lru")
     store.prepare_producer()
-    writer = BackgroundWriter(store, FP, maxsize=max(64, n), stats=_LockedStats())
+    writer = BackgroundWriter(store, FP, maxsize=max(64, n), stats=writer_stats())
     for h in tensors:
         writer.submit(h, tensors[h])
     writer.flush()
     writer.close()
     pins = Pins(store)
     worker = SharedVolumeWorker.__new__(SharedVolumeWorker)
-    worker.stats, worker._failed, worker._device = _LockedStats(), set(), torch.device("cpu")
+    worker.stats, worker._failed, worker._device = writer_stats(), set(), torch.device("cpu")
     total = []
     for h in tensors:
         pin = pins.pin(entry_name(FP, h))

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from e2e.media import chat_request, image, token_ids
 from e2e.tiny_model import ensure_tiny_model
 from e2e.vllm_server import VllmServer, base_env, ec_transfer_config, running
-from tests.fixtures_router import CONNECTORS, EC_CONNECTOR, RouterProcess
+from tests.router.fixtures import CONNECTORS, EC_CONNECTOR, RouterProcess
 
 
 class Client:

@@ -17,9 +17,9 @@ from e2e.vllm_server import VllmServer, base_env, ec_transfer_config
 pytest_plugins = [
     "tests.fixtures_cluster",
     "tests.fixtures_operator",
-    "tests.fixtures_connector",
-    "tests.fixtures_router",
-    "tests.fixtures_rdma",
+    "tests.connector.fixtures",
+    "tests.router.fixtures",
+    "tests.connector.rdma.fixtures",
 ]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

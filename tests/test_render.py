@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from encoderpool_connector.contracts import ConnectorConfig
-from encoderpool_connector.router.config import parse_settings
+from encoderpool_router.config import parse_settings
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
 from tests.fixtures_operator import report_for
@@ -63,7 +63,7 @@ def test_ec_transfer_config_parses_as_vllm_and_connector_config(example: str) ->
 def test_the_router_accepts_the_flags_it_is_given() -> None:
     objs = children(load("pool-shared-volume.yaml"))
     c = container(objs, "pool-router")
-    assert c["command"] == ["python", "-m", "encoderpool_connector.router"]
+    assert c["command"] == ["python", "-m", "encoderpool_router"]
     settings = parse_settings(c["args"])
     assert settings.producer_service == "pool-producer"
     assert settings.consumer_service == "pool-consumer"

@@ -2,15 +2,20 @@
 
     python -m encoderpool_connector.measure --model /models/x [--dtype bfloat16]
         [--tensor-parallel-size N] [--limit-mm-per-prompt JSON] [--revision R]
-        [--output-file report.json] [--configmap-namespace NS [--kubeconfig PATH]]
+        --output-file report.json
+    python -m encoderpool_connector.measure --identity <ModelIdentity JSON> [--max-model-len N]
+        --output-file /dev/termination-log          # as the operator's width Job runs it
 
 It starts the engine as an EC producer (encoder only, no KV cache), which
 makes vLLM encode a dummy item per modality and record each width, exactly as
 a producer pod does at start-up. It adds the LM hidden size, dtype, bytes per
 token and the most tokens one item can produce, fingerprints the model as
-served, and writes a ``WidthReport`` to a file and/or a ConfigMap (server-side
-apply). Exit codes: 0 ok, 2 bad arguments or model, 3 no multimodal encoder,
-4 Kubernetes refused or unreachable.
+served, and writes a ``WidthReport`` as compact JSON to ``--output-file``. In
+the Job that file is the container's termination message, which the operator
+reads and stores in the report's ConfigMap: the Job needs no API access. Exit
+codes: 0 ok, 2 bad arguments or model, 3 no multimodal encoder, 4 the report
+cannot be written (larger than the kubelet's 4096-byte termination message, or
+the file is not writable).
 """
 
 from __future__ import annotations
@@ -25,14 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from encoderpool_connector.contracts import (
-    COMPONENT,
-    DTYPE_BYTES,
-    LABEL_COMPONENT,
-    LABEL_FINGERPRINT,
-    ModelIdentity,
-    WidthReport,
-)
+from encoderpool_connector.contracts import DTYPE_BYTES, ModelIdentity, WidthReport
 
 logger = logging.getLogger("vllm.ext." + __name__)
 
@@ -67,12 +65,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.3,
         help="vLLM's flag; low by default: measuring needs the weights and one dummy item only.",
     )
-    p.add_argument("--output-file", type=Path, default=None, help="Write the report here.")
-    p.add_argument("--configmap-namespace", default=None, help="Apply the report's ConfigMap.")
-    p.add_argument("--kubeconfig", default=None, help="Else in-cluster config or $KUBECONFIG.")
+    p.add_argument(
+        "--output-file",
+        type=Path,
+        default=None,
+        help="Write the report here as compact JSON (in the Job: /dev/termination-log).",
+    )
     args = p.parse_args(argv)
-    if args.output_file is None and args.configmap_namespace is None:
-        p.error("give --output-file and/or --configmap-namespace")
+    if args.output_file is None:
+        p.error("give --output-file (the width Job: --output-file /dev/termination-log)")
     if args.identity is not None:
         if args.model is not None:
             p.error("give --identity or --model, not both")
@@ -187,37 +188,18 @@ def measure(args: argparse.Namespace) -> WidthReport:
 
 
 def publish(report: WidthReport, args: argparse.Namespace) -> None:
-    if args.output_file is not None:
-        args.output_file.parent.mkdir(parents=True, exist_ok=True)
-        args.output_file.write_text(report.model_dump_json(indent=1))
-        print(f"wrote {args.output_file}", file=sys.stderr)
-    if args.configmap_namespace is not None:
-        from encoderpool_connector.kubeapi import KubeAPI, KubeAPIError
-
-        try:
-            api = KubeAPI.from_environment(args.kubeconfig)
-            api.apply_configmap(
-                args.configmap_namespace,
-                report.configmap_name,
-                report.to_configmap_data(),
-                {LABEL_FINGERPRINT: report.fingerprint, LABEL_COMPONENT: COMPONENT},
-            )
-        except KubeAPIError as e:
-            hint = (
-                " (grant this service account create/patch on configmaps)"
-                if e.status
-                in (
-                    401,
-                    403,
-                )
-                else ""
-            )
-            raise MeasureError(4, f"writing ConfigMap {report.configmap_name}: {e}{hint}") from None
-        except ValueError as e:
-            raise MeasureError(4, str(e)) from None
-        print(
-            f"applied ConfigMap {args.configmap_namespace}/{report.configmap_name}", file=sys.stderr
-        )
+    """Write the report where ``--output-file`` says; MeasureError(4) if it cannot be."""
+    try:
+        text = report.to_termination_message()
+    except ValueError as e:
+        raise MeasureError(4, f"--output-file: {e}") from None
+    path: Path = args.output_file
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as e:
+        raise MeasureError(4, f"--output-file: cannot write {path}: {e.strerror}") from None
+    print(f"wrote {path} ({len(text.encode())} bytes)", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,50 +1,43 @@
-"""What the shared-volume connector's scheduler and worker sides tell each other each step."""
+"""What a worker tells its scheduler each step, common to both transports.
+
+vLLM merges the worker metadata of all ranks with ``aggregate``. Sets of
+mm_hashes are united and counters summed; a transport's subclass only adds
+fields (of those two kinds), so there is one merge for both.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from vllm.distributed.ec_transfer.ec_connector.base import (
-    ECConnectorMetadata,
-    ECConnectorWorkerMetadata,
-)
-
-
-@dataclass(frozen=True)
-class LoadSpec:
-    """One verified entry the worker loads this step. Filled by the scheduler side."""
-
-    mm_hash: str
-    path: str
-    """The pin (a hard link to the verified inode), or the entry if links are unsupported."""
-    pinned: bool
-    dtype: str
-    shape: tuple[int, ...]
+from typing_extensions import Self
+from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorWorkerMetadata
 
 
 @dataclass
-class SharedVolumeMetadata(ECConnectorMetadata):  # type: ignore[misc]  # vLLM is untyped here
-    """Scheduler -> worker: the loads of one step."""
-
-    loads: list[LoadSpec] = field(default_factory=list)
-
-
-@dataclass
-class SharedVolumeWorkerMetadata(ECConnectorWorkerMetadata):  # type: ignore[misc]
+class WorkerReport(ECConnectorWorkerMetadata):  # type: ignore[misc]  # vLLM is untyped here
     """Worker -> scheduler: loads that failed after verification, and counters.
 
-    Filled by each worker rank; ``aggregate`` merges ranks. The counters ride
-    here because vLLM's V1 model runner (the one CPUs use) drops the worker's
+    Filled by each worker rank. The counters ride here because vLLM's V1
+    model runner (the one CPUs use) drops the worker's
     ``get_ec_connector_stats``; the scheduler folds them into its own stats.
     """
 
     failed: set[str] = field(default_factory=set)
     stats: dict[str, Any] = field(default_factory=dict)
 
-    def aggregate(self, other: ECConnectorWorkerMetadata) -> ECConnectorWorkerMetadata:
-        assert isinstance(other, SharedVolumeWorkerMetadata)
-        merged = dict(self.stats)
-        for k, v in other.stats.items():
-            merged[k] = merged.get(k, 0) + v
-        return SharedVolumeWorkerMetadata(failed=self.failed | other.failed, stats=merged)
+    def aggregate(self, other: ECConnectorWorkerMetadata) -> Self:
+        """Both ranks' report in one: sets united, counters (the ``stats`` dict) summed."""
+        assert isinstance(other, type(self)), type(other)
+        merged: dict[str, Any] = {}
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, set):
+                merged[f.name] = mine | theirs
+            else:
+                assert isinstance(mine, dict), f.name
+                summed = dict(mine)
+                for k, v in theirs.items():
+                    summed[k] = summed.get(k, 0) + v
+                merged[f.name] = summed
+        return type(self)(**merged)

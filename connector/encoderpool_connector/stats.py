@@ -1,14 +1,18 @@
-"""Counters of the shared-volume connector, reported through vLLM's EC stats and metrics hooks.
+"""Counters of both transports, reported through vLLM's EC stats and metrics hooks.
 
 Both roles count into a plain dict of numbers (picklable, so it crosses from
 workers to the scheduler and on to the API server); vLLM logs the reduced
-values as ``EC Transfer metrics: ...`` and we export them to Prometheus.
+values as ``EC Transfer metrics: ...`` and we export them to Prometheus. Each
+transport declares its own counters (name -> help) and subclasses these.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from typing_extensions import Self
 from vllm.distributed.ec_transfer.ec_connector.metrics import (
@@ -17,28 +21,6 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
     PromMetric,
     PromMetricT,
 )
-
-# name -> help; every key a connector may count. Seconds are summed.
-COUNTERS: dict[str, str] = {
-    "lookups": "Items the consumer looked up in the shared volume.",
-    "hits": "Lookups that found a verified entry (the consumer skips its encoder).",
-    "misses": "Lookups that found no entry (the consumer encodes the item itself).",
-    "rejected": "Entries found but rejected: corrupt, truncated, foreign model, wrong shape.",
-    "waits_timed_out": "Items a producer announced that never appeared in time.",
-    "loads": "Entries loaded into the encoder cache by the worker.",
-    "load_failures": "Loads that failed after verification (the request is failed, retryable).",
-    "load_bytes": "Payload bytes loaded.",
-    "load_seconds": "Seconds the worker spent loading (on the step path).",
-    "verify_seconds": "Seconds spent verifying entries (scheduler side, off the step path).",
-    "saves_queued": "Encoder outputs handed to the background writer.",
-    "saves_dropped": "Saves dropped because the writer queue was full or the save failed.",
-    "published": "Entries written and renamed into place.",
-    "publish_skipped": "Saves skipped: an identical entry was already published.",
-    "publish_bytes": "Bytes published.",
-    "write_seconds": "Seconds the background writer spent writing and publishing.",
-    "evicted": "Entries evicted to keep the directory under its capacity.",
-    "evicted_bytes": "Bytes evicted.",
-}
 
 
 @dataclass
@@ -106,12 +88,39 @@ class CounterPromMetrics(ECConnectorPromMetrics):  # type: ignore[misc]
                 per_engine[engine_idx].inc(value)
 
 
-@dataclass
-class EncoderPoolECStats(CounterStats):
-    """The shared-volume connector's counters."""
-
-    counters: ClassVar[dict[str, str]] = COUNTERS
+S = TypeVar("S", bound=CounterStats)
+SUMMARY_EVERY_S = 30.0
 
 
-class EncoderPoolPromMetrics(CounterPromMetrics):
-    counters: ClassVar[dict[str, str]] = COUNTERS
+class LockedStats(Generic[S]):
+    """Counters shared by a worker's threads: what was not taken yet, and running totals.
+
+    The totals feed a producer's own periodic log line, because vLLM's V1 model
+    runner (the one CPUs use) drops a producer worker's stats.
+    """
+
+    def __init__(self, stats_class: type[S]) -> None:
+        self._lock = threading.Lock()
+        self._pending: S = stats_class()
+        self.totals: S = stats_class()
+        self._last_summary = time.monotonic()
+
+    def add(self, key: str, value: float = 1) -> None:
+        with self._lock:
+            self._pending.add(key, value)
+            self.totals.add(key, value)
+
+    def take(self) -> S | None:
+        with self._lock:
+            return self._pending.take()
+
+    def summary(self, logger: logging.Logger, what: str, force: bool = False) -> None:
+        """Log the totals as ``<what> totals: k=v, ...`` at most every 30 s (or now)."""
+        now = time.monotonic()
+        if not force and now - self._last_summary < SUMMARY_EVERY_S:
+            return
+        self._last_summary = now
+        with self._lock:
+            totals = self.totals.reduce()
+        if totals:
+            logger.info("%s totals: %s", what, ", ".join(f"{k}={v}" for k, v in totals.items()))

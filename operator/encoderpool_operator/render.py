@@ -376,7 +376,7 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
     container: dict[str, Any] = {
         "name": "router",
         "image": router.image or defaults.router_image,
-        "command": ["python", "-m", "encoderpool_connector.router"],
+        "command": ["python", "-m", "encoderpool_router"],
         "args": [
             "--producer-service",
             name_of(pool, PRODUCER),

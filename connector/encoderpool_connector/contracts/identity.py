@@ -72,7 +72,7 @@ def identity_from_vllm_config(vllm_config: Any) -> ModelIdentity:
     return ModelIdentity(
         model=str(mc.model),
         revision=str(mc.revision or ""),
-        dtype=dtype_name(mc.dtype),  # type: ignore[arg-type]  # checked by dtype_name
+        dtype=dtype_name(mc.dtype),
         tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
         pipeline_parallel_size=vllm_config.parallel_config.pipeline_parallel_size,
         vllm_version=str(vllm.__version__),

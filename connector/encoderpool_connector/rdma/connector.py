@@ -1,0 +1,111 @@
+"""``EncoderPoolNixlConnector``: the class vLLM loads for the rdma transport.
+
+The scheduler side (slots, coordinates, pulls, the NIXL agents) lives in
+``scheduler``, the worker side (copies in and out of the shared region) in
+``worker``; torch is imported only by the worker side. The producer
+advertises the host in env ``ENCODERPOOL_ADVERTISE_HOST`` (the pod IP; default
+127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, ClassVar
+
+from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata, ECConnectorRole
+
+from encoderpool_connector.connector import RoleRoutingConnector
+from encoderpool_connector.rdma.metadata import RdmaMetadata
+from encoderpool_connector.startup import measured_widths
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+    from encoderpool_connector.rdma.scheduler import RdmaScheduler
+    from encoderpool_connector.rdma.worker import RdmaWorker
+    from encoderpool_connector.stats import CounterPromMetrics, CounterStats
+
+logger = logging.getLogger("vllm.ext." + __name__)
+
+ADVERTISE_ENV = "ENCODERPOOL_ADVERTISE_HOST"
+
+
+def advertise_host() -> str:
+    """The address consumers reach this producer at: env ENCODERPOOL_ADVERTISE_HOST."""
+    from encoderpool_connector.rdma.channel import valid_host
+
+    host = os.environ.get(ADVERTISE_ENV, "").strip() or "127.0.0.1"
+    if not valid_host(host):
+        raise ValueError(
+            f"env {ADVERTISE_ENV}={host!r} is not an IP address or DNS name; set it to the "
+            "pod IP (downward API status.podIP)"
+        )
+    return host
+
+
+def _tp_rank() -> int:
+    """This worker's tensor-parallel rank: every rank holds the same encoder output, and only
+    rank 0 copies it (the scheduler may read the slot before other ranks finish their step)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # not initialised: a single worker
+        return 0
+
+
+class EncoderPoolNixlConnector(RoleRoutingConnector):
+    """Encoder outputs pulled from producers' registered memory with NIXL READs."""
+
+    transport: ClassVar[str] = "rdma"
+    metadata_class: ClassVar[type[ECConnectorMetadata]] = RdmaMetadata
+
+    def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole) -> None:
+        super().__init__(vllm_config, role)
+        rd = self.config.rdma
+        assert rd is not None
+        logger.info(
+            "encoderpool rdma connector: role=%s producer=%s consumer=%s buffer=%d "
+            "side_channel_port=%d fingerprint=%s UCX_TLS=%s",
+            role.name,
+            self.is_producer,
+            self.is_consumer,
+            rd.buffer_bytes,
+            rd.side_channel_port,
+            self.config.model_fingerprint,
+            os.environ.get("UCX_TLS", "<all>"),
+        )
+
+    def _make_scheduler(self, vllm_config: VllmConfig) -> RdmaScheduler:
+        from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
+
+        from encoderpool_connector.contracts import dtype_name
+        from encoderpool_connector.rdma.scheduler import RdmaScheduler
+
+        measured = measured_widths(self.config, vllm_config)
+        return RdmaScheduler(
+            self.config,
+            is_producer=self.is_producer,
+            is_consumer=self.is_consumer,
+            model_dtype=dtype_name(vllm_config.model_config.dtype),
+            widths={**measured, **self.config.encoder_output_widths},
+            metadata_resolver=PlaceholderMetadataResolver(vllm_config.model_config),
+            advertise_host=advertise_host() if self.is_producer else "127.0.0.1",
+        )
+
+    def _make_worker(self, vllm_config: VllmConfig) -> RdmaWorker:
+        from encoderpool_connector.rdma.worker import RdmaWorker
+
+        return RdmaWorker(
+            self.config,
+            is_producer=self.is_producer,
+            is_consumer=self.is_consumer,
+            writer=_tp_rank() == 0,
+        )
+
+    @staticmethod
+    def _stats_classes() -> tuple[type[CounterStats], type[CounterPromMetrics]]:
+        from encoderpool_connector.rdma.stats import RdmaECStats, RdmaPromMetrics
+
+        return RdmaECStats, RdmaPromMetrics

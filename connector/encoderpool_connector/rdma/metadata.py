@@ -1,0 +1,50 @@
+"""What the RDMA connector's scheduler and worker sides tell each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata
+
+from encoderpool_connector.metadata import WorkerReport
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """Producer: copy this item's encoder output into the slot at ``offset``. Filled by the
+    scheduler (which allocated the slot), read by the worker."""
+
+    mm_hash: str
+    offset: int
+    capacity: int
+    """Payload bytes the slot holds (after its header)."""
+    generation: int
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """Consumer: the verified bytes of ``mm_hash`` lie at ``offset`` in the local region.
+    Filled by the scheduler after the READ was verified, read by the worker."""
+
+    mm_hash: str
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass
+class RdmaMetadata(ECConnectorMetadata):  # type: ignore[misc]  # vLLM is untyped here
+    """Scheduler -> worker, each step: the region to map, and this step's writes or loads."""
+
+    region: str = ""
+    region_bytes: int = 0
+    writes: list[WritePlan] = field(default_factory=list)
+    loads: list[LoadPlan] = field(default_factory=list)
+
+
+@dataclass
+class RdmaWorkerMetadata(WorkerReport):
+    """Worker -> scheduler (consumer; a CPU producer's is discarded by vLLM 0.32): which loads
+    finished (``loaded``) or failed, so their slots can be reused, and counters."""
+
+    loaded: set[str] = field(default_factory=set)

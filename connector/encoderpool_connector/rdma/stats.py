@@ -1,0 +1,47 @@
+"""The rdma connector's counters (names and help texts of its metrics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from encoderpool_connector.stats import CounterPromMetrics, CounterStats
+
+# name -> help; every key the RDMA connector counts. Seconds are summed.
+RDMA_COUNTERS: dict[str, str] = {
+    "lookups": "Items the consumer looked at (announced by a producer or not).",
+    "hits": "Items READ from a producer and verified (the consumer skips its encoder).",
+    "misses": "Items the consumer encodes itself (not announced, or the transfer failed).",
+    "bad_coordinates": "Announced items whose coordinates failed validation.",
+    "no_room": "Items not pulled because the consumer's buffer was full of in-flight items.",
+    "transfer_failures": "READs that failed, or whose producer was unreachable or refused.",
+    "transfer_timeouts": "READs (metadata fetch included) that exceeded transfer_timeout_ms.",
+    "corrupt": "READs whose bytes did not match the announced checksum.",
+    "pulled_bytes": "Bytes READ and verified.",
+    "pull_seconds": "Seconds from starting a pull to its verdict (off the engine loop).",
+    "loads": "Verified items copied into the encoder cache by the worker.",
+    "load_failures": "Loads that failed after verification (the request is failed, retryable).",
+    "load_seconds": "Seconds the worker spent copying loads (on the step path).",
+    "saves": "Encoder outputs copied into registered memory by the producer's worker.",
+    "saves_dropped": "Encoder outputs not copied (no slot planned, too large, or an error).",
+    "save_bytes": "Bytes copied into registered memory.",
+    "save_seconds": "Seconds the producer's worker spent copying and checksumming.",
+    "announced": "Items whose coordinates a producer returned in ec_transfer_params.",
+    "unannounced": "Items a producer finished without coordinates (no slot, or not written).",
+    "released": "Producer slots freed because every announced READ confirmed.",
+    "expired": "Producer slots freed by age (slot_ttl_s).",
+    "evicted": "Slots evicted to make room for newer items.",
+    "evicted_bytes": "Bytes evicted.",
+    "bad_notices": "Malformed NIXL notifications a producer ignored.",
+}
+
+
+@dataclass
+class RdmaECStats(CounterStats):
+    """The rdma connector's counters."""
+
+    counters: ClassVar[dict[str, str]] = RDMA_COUNTERS
+
+
+class RdmaPromMetrics(CounterPromMetrics):
+    counters: ClassVar[dict[str, str]] = RDMA_COUNTERS

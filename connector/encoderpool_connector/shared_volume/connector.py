@@ -1,0 +1,89 @@
+"""``EncoderPoolSharedVolumeConnector``: the class vLLM loads for the shared-volume transport.
+
+The scheduler side (lookups, verification, placeholder metadata) lives in
+``scheduler``, the worker side (background writer, loads) in ``worker``;
+torch is imported only by the worker side. This module exports exactly one
+connector class, with a name vLLM's built-in registry does not use.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, ClassVar
+
+from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata, ECConnectorRole
+
+from encoderpool_connector.connector import RoleRoutingConnector
+from encoderpool_connector.shared_volume.metadata import SharedVolumeMetadata
+from encoderpool_connector.shared_volume.store import SharedStore
+from encoderpool_connector.startup import measured_widths
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+    from encoderpool_connector.shared_volume.scheduler import SharedVolumeScheduler
+    from encoderpool_connector.shared_volume.worker import SharedVolumeWorker
+    from encoderpool_connector.stats import CounterPromMetrics, CounterStats
+
+logger = logging.getLogger("vllm.ext." + __name__)
+
+
+class EncoderPoolSharedVolumeConnector(RoleRoutingConnector):
+    """Encoder outputs through a directory every producer and consumer mounts."""
+
+    transport: ClassVar[str] = "sharedVolume"
+    metadata_class: ClassVar[type[ECConnectorMetadata]] = SharedVolumeMetadata
+
+    def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole) -> None:
+        super().__init__(vllm_config, role)
+        sv = self.config.shared_volume
+        assert sv is not None
+        logger.info(
+            "encoderpool shared-volume connector: role=%s producer=%s consumer=%s root=%s "
+            "capacity=%d eviction=%s fingerprint=%s",
+            role.name,
+            self.is_producer,
+            self.is_consumer,
+            sv.root,
+            sv.capacity_bytes,
+            sv.eviction,
+            self.config.model_fingerprint,
+        )
+
+    def _store(self) -> SharedStore:
+        sv = self.config.shared_volume
+        assert sv is not None
+        return SharedStore(sv.root, sv.capacity_bytes, sv.eviction)
+
+    def _make_scheduler(self, vllm_config: VllmConfig) -> SharedVolumeScheduler:
+        from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
+
+        from encoderpool_connector.contracts import dtype_name
+        from encoderpool_connector.shared_volume.scheduler import SharedVolumeScheduler
+
+        measured = measured_widths(self.config, vllm_config)
+        return SharedVolumeScheduler(
+            self.config,
+            self._store(),
+            is_producer=self.is_producer,
+            is_consumer=self.is_consumer,
+            model_dtype=dtype_name(vllm_config.model_config.dtype),
+            measured_widths=measured,
+            metadata_resolver=PlaceholderMetadataResolver(vllm_config.model_config),
+        )
+
+    def _make_worker(self, vllm_config: VllmConfig) -> SharedVolumeWorker:
+        from encoderpool_connector.shared_volume.worker import SharedVolumeWorker
+
+        return SharedVolumeWorker(
+            self.config, self._store(), is_producer=self.is_producer, is_consumer=self.is_consumer
+        )
+
+    @staticmethod
+    def _stats_classes() -> tuple[type[CounterStats], type[CounterPromMetrics]]:
+        from encoderpool_connector.shared_volume.stats import (
+            EncoderPoolECStats,
+            EncoderPoolPromMetrics,
+        )
+
+        return EncoderPoolECStats, EncoderPoolPromMetrics

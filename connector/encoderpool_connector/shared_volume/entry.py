@@ -1,0 +1,279 @@
+"""The on-disk format of one cache entry, and the mapping from an ``mm_hash`` to its file name.
+
+An entry is one file::
+
+    b"EPEC" | u32 little-endian header length | header (JSON, UTF-8) | zero padding to 64 | payload
+
+The header says what the payload is (dtype, shape, width), whose it is (model
+fingerprint, the original ``mm_hash``) and carries a BLAKE3 digest of the
+payload, so a reader can reject a truncated, corrupt or foreign entry before
+the engine trusts it. The payload is the raw tensor bytes, 64-byte aligned so
+it can be read straight into a tensor.
+
+File names never contain the ``mm_hash``: a client can set an item's ``uuid``,
+which replaces the hash, so any string may arrive. Names are a digest of
+(fingerprint, mm_hash) and cannot name anything outside the entries directory.
+
+This module imports neither torch nor vLLM (the benchmark and the unit tests
+use it directly); tensors enter and leave as bytes plus dtype and shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import blake3
+
+from encoderpool_connector.contracts import DTYPE_BYTES, payload_bytes
+
+FORMAT_VERSION = 1
+MAGIC = b"EPEC"
+SUFFIX = ".epc"
+ALIGN = 64
+MAX_HEADER = 64 * 1024
+_PREFIX = struct.Struct("<4sI")
+# How many bytes the first read takes: the whole header of any sane entry.
+FIRST_READ = 4096
+
+
+class EntryError(Exception):
+    """The entry is missing, unreadable, malformed or not ours: a cache miss, never a crash."""
+
+
+class EntryMissing(EntryError):
+    """The entry is not there (never written, or evicted meanwhile): a plain miss."""
+
+
+def entry_name(fingerprint: str, mm_hash: str) -> str:
+    """The file name of ``mm_hash``'s entry: a fixed-size hex digest plus suffix.
+
+    Including the fingerprint keeps two models that share a directory apart.
+    ``surrogatepass`` so that no string, however odd, raises here.
+    """
+    digest = hashlib.sha256()
+    digest.update(fingerprint.encode())
+    digest.update(b"\0")
+    digest.update(mm_hash.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()[:40] + SUFFIX
+
+
+def is_entry_name(name: str) -> bool:
+    stem, dot, ext = name.partition(".")
+    return dot == "." and "." + ext == SUFFIX and len(stem) == 40 and _is_hex(stem)
+
+
+def _is_hex(s: str) -> bool:
+    return all(c in "0123456789abcdef" for c in s)
+
+
+@dataclass(frozen=True)
+class Header:
+    """What an entry says about itself; verified against what the reader expects."""
+
+    mm_hash: str
+    fingerprint: str
+    dtype: str
+    shape: tuple[int, ...]
+    checksum: str
+    version: int = FORMAT_VERSION
+
+    @property
+    def width(self) -> int:
+        return self.shape[-1] if self.shape else 0
+
+    @property
+    def payload_bytes(self) -> int:
+        return payload_bytes(self.dtype, self.shape)
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "version": self.version,
+                "mm_hash": self.mm_hash,
+                "fingerprint": self.fingerprint,
+                "dtype": self.dtype,
+                "shape": list(self.shape),
+                "width": self.width,
+                "payload_bytes": self.payload_bytes,
+                "checksum": self.checksum,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Header:
+        try:
+            d: Any = json.loads(raw)
+            if not isinstance(d, dict):
+                raise EntryError("header is not a JSON object")
+            if d.get("version") != FORMAT_VERSION:
+                raise EntryError(f"format version {d.get('version')!r}, expected {FORMAT_VERSION}")
+            dtype = d["dtype"]
+            if dtype not in DTYPE_BYTES:
+                raise EntryError(f"unsupported dtype {dtype!r}")
+            shape = tuple(int(x) for x in d["shape"])
+            if not shape or any(x < 0 for x in shape):
+                raise EntryError(f"bad shape {shape}")
+            header = cls(
+                mm_hash=str(d["mm_hash"]),
+                fingerprint=str(d["fingerprint"]),
+                dtype=dtype,
+                shape=shape,
+                checksum=str(d["checksum"]),
+            )
+            if d.get("width") != header.width or d.get("payload_bytes") != header.payload_bytes:
+                raise EntryError("header width/payload_bytes disagree with its shape")
+            return header
+        except (KeyError, TypeError, ValueError) as e:
+            raise EntryError(f"malformed header: {e}") from None
+
+
+def payload_offset(header_len: int) -> int:
+    return -(-(_PREFIX.size + header_len) // ALIGN) * ALIGN
+
+
+def checksum(payload: memoryview | bytes | bytearray) -> str:
+    """BLAKE3 of the payload (vLLM depends on blake3, so it is in every vLLM image)."""
+    return "blake3:" + blake3.blake3(payload, max_threads=blake3.blake3.AUTO).hexdigest()
+
+
+def encode_prefix(header: Header) -> bytes:
+    """Magic, header length, header and padding: everything before the payload."""
+    raw = header.to_json()
+    if len(raw) > MAX_HEADER:
+        raise EntryError(f"header of {len(raw)} bytes exceeds {MAX_HEADER}")
+    head = _PREFIX.pack(MAGIC, len(raw)) + raw
+    return head + b"\0" * (payload_offset(len(raw)) - len(head))
+
+
+def parse_prefix(first: bytes) -> tuple[Header, int]:
+    """Header and payload offset from the file's first bytes (at least the whole header)."""
+    if len(first) < _PREFIX.size:
+        raise EntryError(f"file too short ({len(first)} bytes) for an entry")
+    magic, n = _PREFIX.unpack_from(first)
+    if magic != MAGIC:
+        raise EntryError("not an encoderpool entry (bad magic)")
+    if n > MAX_HEADER:
+        raise EntryError(f"header length {n} exceeds {MAX_HEADER}")
+    if len(first) < _PREFIX.size + n:
+        raise EntryError("file ends inside the header")
+    return Header.from_json(first[_PREFIX.size : _PREFIX.size + n]), payload_offset(n)
+
+
+def read_prefix(fd: int) -> tuple[Header, int]:
+    """Read and parse the header of an open entry file."""
+    first = os.pread(fd, FIRST_READ, 0)
+    if len(first) >= _PREFIX.size:
+        _, n = _PREFIX.unpack_from(first)
+        if _PREFIX.size + n > len(first) and n <= MAX_HEADER:
+            first = os.pread(fd, _PREFIX.size + n, 0)
+    return parse_prefix(first)
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What the reader requires of an entry; ``None`` fields are not checked."""
+
+    mm_hash: str
+    fingerprint: str
+    dtype: str | None = None
+    num_tokens: int | None = None
+    width: int | None = None
+
+
+def check_header(header: Header, expect: Expect, file_size: int, offset: int) -> None:
+    """Everything checkable without reading the payload; raises EntryError naming the problem."""
+    if header.fingerprint != expect.fingerprint:
+        raise EntryError(
+            f"written for model fingerprint {header.fingerprint!r}, "
+            f"this pool serves {expect.fingerprint!r}"
+        )
+    if header.mm_hash != expect.mm_hash:
+        raise EntryError("entry belongs to another item (mm_hash differs)")
+    if expect.dtype is not None and header.dtype != expect.dtype:
+        raise EntryError(f"dtype {header.dtype}, expected {expect.dtype}")
+    if expect.width is not None and header.width != expect.width:
+        raise EntryError(f"width {header.width}, expected {expect.width}")
+    if expect.num_tokens is not None and header.shape[0] != expect.num_tokens:
+        raise EntryError(f"{header.shape[0]} tokens, expected {expect.num_tokens}")
+    if file_size != offset + header.payload_bytes:
+        raise EntryError(
+            f"file has {file_size} bytes, header promises {offset + header.payload_bytes} "
+            "(truncated or padded)"
+        )
+
+
+def verify_file(path: str, expect: Expect) -> Header:
+    """Check header and payload checksum of the entry at ``path``; EntryError if anything is off."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise EntryMissing("no such entry") from None
+    except OSError as e:
+        raise EntryError(f"cannot open: {e.strerror}") from None
+    try:
+        header, offset = read_prefix(fd)
+        check_header(header, expect, os.fstat(fd).st_size, offset)
+        payload = bytearray(header.payload_bytes)
+        if _preadinto(fd, memoryview(payload), offset) != len(payload):
+            raise EntryError("file ended early")
+        if checksum(payload) != header.checksum:
+            raise EntryError("payload checksum mismatch (corrupt entry)")
+        return header
+    except OSError as e:
+        raise EntryError(f"read failed: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def read_payload_into(path: str, out: memoryview) -> Header:
+    """Read the payload of a verified entry into ``out`` (sized from ``read_header``).
+
+    Rechecks only what is free (header, sizes); the checksum was verified when
+    the entry was pinned, and pinned files are never written again.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        header, offset = read_prefix(fd)
+        if os.fstat(fd).st_size != offset + header.payload_bytes:
+            raise EntryError("entry size changed since it was verified")
+        if len(out) != header.payload_bytes:
+            raise EntryError(f"buffer of {len(out)} bytes, payload of {header.payload_bytes}")
+        if _preadinto(fd, out, offset) != len(out):
+            raise EntryError("file ended early")
+        return header
+    finally:
+        os.close(fd)
+
+
+def read_header(path: str) -> Header:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        return read_prefix(fd)[0]
+    finally:
+        os.close(fd)
+
+
+def _preadinto(fd: int, out: memoryview, offset: int) -> int:
+    """Fill ``out`` from ``fd`` at ``offset``; returns the bytes read (short only at EOF)."""
+    done = 0
+    view = out.cast("B")
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def write_file(fd: int, prefix: bytes, payload: memoryview) -> None:
+    """Write prefix and payload fully to ``fd`` (a fresh temp file)."""
+    for chunk in (memoryview(prefix), payload.cast("B")):
+        done = 0
+        while done < len(chunk):
+            done += os.write(fd, chunk[done:])

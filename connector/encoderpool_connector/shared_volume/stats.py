@@ -1,0 +1,41 @@
+"""The shared-volume connector's counters (names and help texts of its metrics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from encoderpool_connector.stats import CounterPromMetrics, CounterStats
+
+# name -> help; every key the shared-volume connector counts. Seconds are summed.
+SV_COUNTERS: dict[str, str] = {
+    "lookups": "Items the consumer looked up in the shared volume.",
+    "hits": "Lookups that found a verified entry (the consumer skips its encoder).",
+    "misses": "Lookups that found no entry (the consumer encodes the item itself).",
+    "rejected": "Entries found but rejected: corrupt, truncated, foreign model, wrong shape.",
+    "waits_timed_out": "Items a producer announced that never appeared in time.",
+    "loads": "Entries loaded into the encoder cache by the worker.",
+    "load_failures": "Loads that failed after verification (the request is failed, retryable).",
+    "load_bytes": "Payload bytes loaded.",
+    "load_seconds": "Seconds the worker spent loading (on the step path).",
+    "verify_seconds": "Seconds spent verifying entries (scheduler side, off the step path).",
+    "saves_queued": "Encoder outputs handed to the background writer.",
+    "saves_dropped": "Saves dropped because the writer queue was full or the save failed.",
+    "published": "Entries written and renamed into place.",
+    "publish_skipped": "Saves skipped: an identical entry was already published.",
+    "publish_bytes": "Bytes published.",
+    "write_seconds": "Seconds the background writer spent writing and publishing.",
+    "evicted": "Entries evicted to keep the directory under its capacity.",
+    "evicted_bytes": "Bytes evicted.",
+}
+
+
+@dataclass
+class EncoderPoolECStats(CounterStats):
+    """The shared-volume connector's counters."""
+
+    counters: ClassVar[dict[str, str]] = SV_COUNTERS
+
+
+class EncoderPoolPromMetrics(CounterPromMetrics):
+    counters: ClassVar[dict[str, str]] = SV_COUNTERS

@@ -1,0 +1,259 @@
+"""Worker side of the shared-volume connector: a background writer (producers), loads (consumers).
+
+The producer's ``save_caches`` only hands a reference to the writer's bounded
+queue; the writer thread copies, checksums, writes a temp file and publishes
+it. A full queue drops the save (counted) instead of stalling the encoder.
+
+The consumer loads only what the scheduler side verified and pinned, with
+one read straight into the tensor's memory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from encoderpool_connector.contracts import ConnectorConfig, dtype_name, payload_bytes
+from encoderpool_connector.shared_volume.entry import (
+    EntryError,
+    Header,
+    checksum,
+    entry_name,
+    read_payload_into,
+)
+from encoderpool_connector.shared_volume.metadata import (
+    LoadSpec,
+    SharedVolumeMetadata,
+    SharedVolumeWorkerMetadata,
+)
+from encoderpool_connector.shared_volume.stats import EncoderPoolECStats
+from encoderpool_connector.shared_volume.store import Pins, SharedStore
+from encoderpool_connector.stats import LockedStats
+from encoderpool_connector.tensors import TORCH_DTYPES, OnDevice
+
+logger = logging.getLogger("vllm.ext." + __name__)
+
+
+@dataclass
+class _Save:
+    mm_hash: str
+    tensor: torch.Tensor
+    ready: Any  # a device event to wait on before reading ``tensor``, or None
+
+
+def writer_stats() -> LockedStats[EncoderPoolECStats]:
+    """Counters shared by the writer thread and the step path."""
+    return LockedStats(EncoderPoolECStats)
+
+
+class BackgroundWriter:
+    """One thread that publishes queued encoder outputs; ``close`` flushes what is queued."""
+
+    def __init__(
+        self,
+        store: SharedStore,
+        fingerprint: str,
+        maxsize: int,
+        stats: LockedStats[EncoderPoolECStats],
+    ) -> None:
+        self.store = store
+        self.fingerprint = fingerprint
+        self.stats = stats
+        self._queue: queue.Queue[_Save | None] = queue.Queue(maxsize=maxsize)
+        self._dropped_logged = 0.0
+        # Daemon plus an atexit flush: vLLM calls shutdown() on some exit paths only, and a
+        # non-daemon thread would keep a worker that skipped it from ever exiting.
+        self._thread = threading.Thread(target=self._run, name="ep-writer", daemon=True)
+        self._thread.start()
+        self._closed = False
+        atexit.register(self.close)
+
+    def submit(self, mm_hash: str, tensor: torch.Tensor) -> bool:
+        """Queue a save without blocking; False (and counted) when the queue is full."""
+        ready = None
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            # Start the device-to-host copy now; the writer waits for it, not the encoder.
+            t = t.to("cpu", non_blocking=True)
+            ready = torch.Event()
+            ready.record()
+        try:
+            self._queue.put_nowait(_Save(mm_hash, t, ready))
+        except queue.Full:
+            self.stats.add("saves_dropped")
+            now = time.monotonic()
+            if now - self._dropped_logged > 10:
+                self._dropped_logged = now
+                logger.warning(
+                    "encoderpool: writer queue full (%d); dropping saves, consumers will "
+                    "encode those items (raise shared_volume.writer_queue or check the volume)",
+                    self._queue.maxsize,
+                )
+            return False
+        self.stats.add("saves_queued")
+        return True
+
+    def flush(self) -> None:
+        """Block until everything queued so far is written (tests, benchmarks, shutdown)."""
+        self._queue.join()
+
+    def close(self, timeout: float = 60.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        self._queue.put(None)
+        self._thread.join(timeout)
+        self.stats.summary(logger, "encoderpool writer", force=True)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(item)
+            finally:
+                self._queue.task_done()
+            self.stats.summary(logger, "encoderpool writer")
+
+    def _write(self, item: _Save) -> None:
+        t0 = time.perf_counter()
+        try:
+            if item.ready is not None:
+                item.ready.synchronize()
+            t = item.tensor.contiguous()
+            payload = memoryview(t.view(torch.uint8).numpy()).cast("B")
+            header = Header(
+                mm_hash=item.mm_hash,
+                fingerprint=self.fingerprint,
+                dtype=dtype_name(t.dtype),
+                shape=tuple(int(x) for x in t.shape),
+                checksum=checksum(payload),
+            )
+            result = self.store.publish(entry_name(self.fingerprint, item.mm_hash), header, payload)
+        except Exception as e:  # one bad item never stops the writer
+            self.stats.add("saves_dropped")
+            logger.warning("encoderpool: could not publish item %r: %r", item.mm_hash[:80], e)
+            return
+        if result.published:
+            self.stats.add("published")
+            self.stats.add("publish_bytes", header.payload_bytes)
+        elif result.reason == "already published":
+            self.stats.add("publish_skipped")
+        else:
+            self.stats.add("saves_dropped")
+            logger.warning("encoderpool: not publishing %r: %s", item.mm_hash[:80], result.reason)
+        if result.evicted:
+            self.stats.add("evicted", result.evicted)
+            self.stats.add("evicted_bytes", result.evicted_bytes)
+        self.stats.add("write_seconds", time.perf_counter() - t0)
+
+
+class SharedVolumeWorker(OnDevice):
+    """Worker-role logic; the connector class only routes to it."""
+
+    def __init__(
+        self, config: ConnectorConfig, store: SharedStore, *, is_producer: bool, is_consumer: bool
+    ) -> None:
+        sv = config.shared_volume
+        assert sv is not None
+        self.config = config
+        self.store = store
+        self.is_producer = is_producer
+        self.is_consumer = is_consumer
+        self.stats = writer_stats()
+        self._failed: set[str] = set()
+        self.writer: BackgroundWriter | None = None
+        if is_producer:
+            store.prepare_producer()
+            self.writer = BackgroundWriter(
+                store, config.model_fingerprint, sv.writer_queue, self.stats
+            )
+
+    # ---- producer ----
+
+    def start_save_caches(
+        self, encoder_cache: dict[str, torch.Tensor], metadata: SharedVolumeMetadata
+    ) -> None:
+        """Nothing to plan: every encoder output goes to the writer as ``save_caches`` sees it."""
+
+    def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str) -> None:
+        if self.writer is None:
+            return
+        tensor = encoder_cache.get(mm_hash)
+        if tensor is None:
+            return
+        try:
+            self.writer.submit(mm_hash, tensor)
+        except Exception as e:  # never fail the encoder step over a save
+            self.stats.add("saves_dropped")
+            logger.warning("encoderpool: could not queue item %r: %r", mm_hash[:80], e)
+
+    # ---- consumer ----
+
+    def start_load_caches(
+        self, encoder_cache: dict[str, torch.Tensor], metadata: SharedVolumeMetadata
+    ) -> None:
+        for spec in metadata.loads:
+            if spec.mm_hash in encoder_cache:
+                if spec.pinned:
+                    Pins.drop(spec.path)
+                continue
+            encoder_cache[spec.mm_hash] = self._load(spec)
+
+    def _load(self, spec: LoadSpec) -> torch.Tensor:
+        """The entry as a tensor on this worker's device; on failure a zero tensor of the
+        verified shape, and the request is reported unavailable (failed, retryable)."""
+        t0 = time.perf_counter()
+        dtype = TORCH_DTYPES[spec.dtype]
+        try:
+            nbytes = payload_bytes(spec.dtype, spec.shape)
+            buf = torch.empty(nbytes, dtype=torch.uint8)
+            read_payload_into(spec.path, memoryview(buf.numpy()))
+            tensor = buf.view(dtype).view(spec.shape)
+            device = self._target_device()
+            if device.type != "cpu":
+                tensor = tensor.to(device)
+            self.stats.add("loads")
+            self.stats.add("load_bytes", nbytes)
+            return tensor
+        except (EntryError, OSError, RuntimeError, ValueError) as e:
+            logger.error(
+                "encoderpool: loading verified item %r from %s failed (%r); its request "
+                "will be failed and can be retried",
+                spec.mm_hash[:80],
+                spec.path,
+                e,
+            )
+            self.stats.add("load_failures")
+            self._failed.add(spec.mm_hash)
+            return torch.zeros(spec.shape, dtype=dtype, device=self._target_device())
+        finally:
+            self.stats.add("load_seconds", time.perf_counter() - t0)
+            if spec.pinned:
+                Pins.drop(spec.path)
+
+    # ---- outputs ----
+
+    def get_ec_connector_stats(self) -> EncoderPoolECStats | None:
+        return self.stats.take()
+
+    def build_connector_worker_meta(self) -> SharedVolumeWorkerMetadata | None:
+        """Failed loads, plus counters not yet taken by ``get_ec_connector_stats`` (V1 runner)."""
+        stats = self.stats.take()
+        if not self._failed and stats is None:
+            return None
+        failed, self._failed = self._failed, set()
+        return SharedVolumeWorkerMetadata(failed=failed, stats=stats.data if stats else {})
+
+    def shutdown(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

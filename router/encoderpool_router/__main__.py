@@ -1,0 +1,47 @@
+"""``python -m encoderpool_router``: parse settings, serve until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from encoderpool_router.app import Router, build_app
+from encoderpool_router.config import parse_settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_settings(argv)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request is noise
+    router = Router(settings)
+    logging.getLogger(__name__).info(
+        "router on %s:%s; %s",
+        settings.host,
+        settings.port,
+        f"EndpointSlices of {settings.producer_service} and {settings.consumer_service}"
+        if settings.discovery
+        else f"producers {list(settings.producers)}, consumers {list(settings.consumers)}",
+    )
+    web.run_app(
+        build_app(router),
+        host=settings.host,
+        port=settings.port,
+        handler_cancellation=True,  # a client that leaves cancels its upstream requests
+        access_log=None,
+        print=None,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,465 @@
+"""The router's HTTP server: OpenAI endpoints in front of producers and consumers.
+
+Flow for a chat request with media: each item goes alone to a producer
+(``max_tokens: 1``), concurrently; their ``ec_transfer_params`` are merged and
+set on the original request, which goes to a consumer; the consumer's answer
+(JSON or SSE, chunk by chunk) goes back unchanged. A producer that fails only
+costs its item a remote encode: the consumer encodes it itself. A consumer that
+fails before answering is retried on another one. Handlers run with aiohttp's
+handler cancellation on, so a client that disconnects cancels the upstream
+requests (closing their connections makes vLLM abort them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from aiohttp.abc import AbstractResolver
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from encoderpool_connector.contracts import EC_TRANSFER_PARAMS, Announcement, raw_announcement
+from encoderpool_router.backends import (
+    Backend,
+    BackendSet,
+    EndpointSliceWatcher,
+    kube_client,
+)
+from encoderpool_router.config import RouterSettings
+from encoderpool_router.media import encoder_request, media_items, media_key
+from encoderpool_router.metrics import RouterMetrics
+from encoderpool_router.policy import (
+    RecentlyEncoded,
+    choose_consumer,
+    choose_producer,
+)
+
+logger = logging.getLogger(__name__)
+
+REQUEST_ID = "x-request-id"
+CHAT_PATH = "/v1/chat/completions"
+# The router owns this field: a client's is dropped, so nobody outside the pool
+# can point a consumer at producer memory or at cache entries of its choosing.
+EC_PARAMS = EC_TRANSFER_PARAMS
+_JSON = "application/json"
+
+
+class ClientGone(Exception):
+    """The client closed the connection while its stream was being written."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__("client went away")
+        self.response = response
+
+
+class UpstreamError(Exception):
+    """A backend could not be reached or did not answer usably.
+
+    ``eject``: the backend itself looks down (refused, timed out), so it is
+    avoided for a while; an HTTP error answer does not eject (it may be the request's).
+    """
+
+    def __init__(self, kind: str, message: str, eject: bool = False) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.eject = eject
+
+
+def _error(status: int, message: str, kind: str, rid: str) -> web.Response:
+    """An OpenAI-style error body."""
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return web.json_response(body, status=status, headers={REQUEST_ID: rid})
+
+
+class Router:
+    """Backends, policy state, metrics and the HTTP session; one per process."""
+
+    def __init__(
+        self,
+        settings: RouterSettings,
+        producers: BackendSet | None = None,
+        consumers: BackendSet | None = None,
+        metrics: RouterMetrics | None = None,
+        resolver: AbstractResolver | None = None,
+    ) -> None:
+        self.settings = settings
+        self._resolver = resolver  # None: aiohttp's default (the system's DNS)
+        self.producers = producers or BackendSet("producer", settings.producers)
+        self.consumers = consumers or BackendSet("consumer", settings.consumers)
+        self.metrics = metrics or RouterMetrics()
+        self.watchers: list[EndpointSliceWatcher] = []
+        self.recent = (
+            RecentlyEncoded(settings.reuse_encoded_s) if settings.reuse_encoded_s else None
+        )
+        self._session: aiohttp.ClientSession | None = None
+        for role in (self.producers, self.consumers):
+            role.listeners.append(self._count_backends)
+            self._count_backends(role)
+
+    def _count_backends(self, role: BackendSet) -> None:
+        self.metrics.backends.labels(role.role).set(len(role))
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "the app's startup has not run"
+        return self._session
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    async def lifespan(self, app: web.Application) -> AsyncIterator[None]:
+        """Open the upstream session and start watching EndpointSlices; undo both."""
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, resolver=self._resolver),
+            auto_decompress=False,  # bodies pass through as the backend sent them
+        )
+        tasks: list[asyncio.Task[None]] = []
+        kube = None
+        if self.settings.discovery:
+            kube = kube_client(self.settings.kubeconfig)
+            namespace = self.settings.namespace or kube.default_namespace
+            if not namespace:
+                kube.close()
+                raise ValueError("--namespace is required outside a pod (no default namespace)")
+            for service, target in (
+                (self.settings.producer_service, self.producers),
+                (self.settings.consumer_service, self.consumers),
+            ):
+                assert service is not None
+                w = EndpointSliceWatcher(
+                    kube, namespace, service, target, self.settings.endpoint_port_name
+                )
+                self.watchers.append(w)
+                tasks.append(asyncio.create_task(w.run(), name=f"watch-{service}"))
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._session.close()
+            if kube is not None:
+                kube.close()
+
+    # --- handlers -----------------------------------------------------------------
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, CHAT_PATH, with_body=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """Completions carry no media items: straight to a consumer."""
+        return await self._handle(request, "/v1/completions", with_body=True)
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "/v1/models", with_body=False)
+
+    async def _handle(self, request: web.Request, path: str, with_body: bool) -> web.StreamResponse:
+        """Request id, body, remote encoding, forwarding; one status counted per request."""
+        rid = request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+        code = "500"
+        try:
+            response = await self._serve(request, path, with_body, rid)
+            code = str(response.status)
+            return response
+        except ClientGone as gone:
+            code = "499"  # nginx's "client closed request"
+            self.metrics.error("client_disconnect")
+            logger.info("request %s: the client went away mid-stream", rid)
+            return gone.response
+        except asyncio.CancelledError:
+            code = "499"
+            self.metrics.error("client_disconnect")
+            logger.info("request %s: the client went away; upstream work cancelled", rid)
+            raise
+        finally:
+            self.metrics.requests.labels(path, code).inc()
+
+    async def _serve(
+        self, request: web.Request, path: str, with_body: bool, rid: str
+    ) -> web.StreamResponse:
+        body: dict[str, Any] | None = None
+        if with_body:
+            parsed = await self._json_body(request, rid)
+            if isinstance(parsed, web.Response):
+                return parsed
+            body = parsed
+            body.pop(EC_PARAMS, None)
+            items = media_items(body) if path == CHAT_PATH else []
+            if items:
+                params = await self._encode_remotely(body, items, rid)
+                if params:
+                    body[EC_PARAMS] = params
+        return await self._forward(request, path, body, rid)
+
+    async def health(self, request: web.Request) -> web.Response:
+        """Ready when a consumer is known: producers are an optimisation, consumers are not."""
+        state = {"producers": len(self.producers), "consumers": len(self.consumers)}
+        ok = len(self.consumers) > 0
+        return web.json_response(
+            {"status": "ok" if ok else "no consumers", **state}, status=200 if ok else 503
+        )
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    async def _json_body(self, request: web.Request, rid: str) -> dict[str, Any] | web.Response:
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as e:
+            self.metrics.error("bad_request")
+            return _error(400, f"request body is not JSON: {e}", "invalid_request_error", rid)
+        if not isinstance(body, dict):
+            self.metrics.error("bad_request")
+            return _error(400, "request body must be a JSON object", "invalid_request_error", rid)
+        return body
+
+    # --- producers ----------------------------------------------------------------
+
+    async def _encode_remotely(
+        self, body: dict[str, Any], items: list[dict[str, Any]], rid: str
+    ) -> dict[str, Any]:
+        """Each item to a producer at once; the merged params of those that answered."""
+        results = await asyncio.gather(
+            *(self._encode_one(body, part, f"{rid}-enc{i}") for i, part in enumerate(items))
+        )
+        merged: dict[str, Any] = {}
+        for where, params in results:
+            self.metrics.items.labels(where).inc()
+            merged.update(params)
+        return merged
+
+    async def _encode_one(
+        self, body: dict[str, Any], part: dict[str, Any], rid: str
+    ) -> tuple[str, dict[str, Any]]:
+        """One item on one producer: ("remote", its params); ("local", {}) on any failure
+        (the consumer encodes it); ("reused", {}) when a producer encoded it moments ago."""
+        key = media_key(part)
+        if self.recent is not None and self.recent.fresh(key):
+            return "reused", {}
+        producer = choose_producer(key, self.producers.backends, self.settings.producer_load_bound)
+        if producer is None:
+            self.metrics.error("producer_unavailable")
+            return "local", {}
+        start = time.perf_counter()
+        producer.in_flight += 1
+        self.metrics.in_flight.labels("producer").inc()
+        try:
+            params = await self._post_producer(producer, encoder_request(body, part), rid)
+            if self.recent is not None:
+                self.recent.add(key)
+            return "remote", params
+        except UpstreamError as e:
+            self.metrics.error(e.kind)
+            self._eject(producer)
+            logger.warning(
+                "request %s: producer %s failed (%s); the consumer encodes the item",
+                rid,
+                producer.url,
+                e,
+            )
+            return "local", {}
+        finally:
+            producer.in_flight -= 1
+            self.metrics.in_flight.labels("producer").dec()
+            self.metrics.producer_latency.observe(time.perf_counter() - start)
+
+    async def _post_producer(
+        self, producer: Backend, req: dict[str, Any], rid: str
+    ) -> dict[str, Any]:
+        timeout = aiohttp.ClientTimeout(total=self.settings.producer_timeout_s)
+        try:
+            async with self.session.post(
+                producer.url + CHAT_PATH,
+                data=json.dumps(req),
+                headers={"Content-Type": _JSON, REQUEST_ID: rid},
+                timeout=timeout,
+            ) as resp:
+                raw = await resp.read()
+                if resp.status != 200:
+                    raise UpstreamError("producer_error", f"HTTP {resp.status}: {raw[:200]!r}")
+        except TimeoutError:
+            raise UpstreamError(
+                "producer_timeout", f"no answer in {self.settings.producer_timeout_s}s"
+            ) from None
+        except aiohttp.ClientError as e:
+            raise UpstreamError("producer_error", repr(e)) from None
+        try:
+            params = json.loads(raw).get(EC_PARAMS)
+        except (ValueError, AttributeError):
+            params = None
+        if not isinstance(params, dict) or not params:
+            raise UpstreamError("producer_error", f"answer without {EC_PARAMS}: {raw[:200]!r}")
+        self._check_announcements(producer, params, rid)
+        return params
+
+    @staticmethod
+    def _check_announcements(producer: Backend, params: dict[str, Any], rid: str) -> None:
+        """Warn when a producer announces items in a format this router does not know.
+
+        The params still go to the consumer unchanged (it validates them itself, and
+        other connectors announce nothing); the warning points at version skew
+        between the producer image and the router.
+        """
+        for mm_hash in params:
+            raw = raw_announcement(params, mm_hash)
+            if raw is None:
+                continue
+            try:
+                Announcement.parse(raw)
+            except ValueError as e:
+                logger.warning(
+                    "request %s: producer %s: item %r: %s (a producer of another version?)",
+                    rid,
+                    producer.url,
+                    mm_hash[:80],
+                    e,
+                )
+
+    def _eject(self, backend: Backend) -> None:
+        backend.ejected_until = time.monotonic() + self.settings.eject_s
+
+    # --- consumers ----------------------------------------------------------------
+
+    async def _forward(
+        self, request: web.Request, path: str, body: dict[str, Any] | None, rid: str
+    ) -> web.StreamResponse:
+        """Send to a consumer, retrying a failure on another; relay its answer."""
+        tried: list[Backend] = []
+        attempts = 1 + self.settings.consumer_retries
+        last = ""
+        for attempt in range(attempts):
+            consumer = choose_consumer(self.consumers.backends, tried)
+            if consumer is None:
+                self.metrics.error("consumer_unavailable")
+                return _error(503, "no consumer is available", "service_unavailable", rid)
+            if attempt:
+                self.metrics.consumer_retries.inc()
+                if body is not None and EC_PARAMS in body:
+                    # What the first consumer could not obtain must not fail the
+                    # retry: without params the next one loads what it finds, or encodes.
+                    body = {k: v for k, v in body.items() if k != EC_PARAMS}
+            tried.append(consumer)
+            try:
+                return await self._try_consumer(
+                    request, consumer, path, body, rid, last_try=attempt == attempts - 1
+                )
+            except UpstreamError as e:
+                self.metrics.error(e.kind)
+                if e.eject:
+                    self._eject(consumer)
+                last = f"{consumer.url}: {e}"
+                logger.warning("request %s: consumer %s failed: %s", rid, consumer.url, e)
+        return _error(502, f"consumers failed; last: {last}", "upstream_error", rid)
+
+    async def _try_consumer(
+        self,
+        request: web.Request,
+        consumer: Backend,
+        path: str,
+        body: dict[str, Any] | None,
+        rid: str,
+        last_try: bool,
+    ) -> web.StreamResponse:
+        s = self.settings
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=s.consumer_connect_timeout_s,
+            sock_read=s.consumer_read_timeout_s,
+        )
+        headers = {REQUEST_ID: rid}
+        start = time.perf_counter()
+        consumer.in_flight += 1
+        self.metrics.in_flight.labels("consumer").inc()
+        try:
+            try:
+                if body is None:
+                    resp = await self.session.get(
+                        consumer.url + path, headers=headers, timeout=timeout
+                    )
+                else:
+                    headers["Content-Type"] = _JSON
+                    resp = await self.session.post(
+                        consumer.url + path, data=json.dumps(body), headers=headers, timeout=timeout
+                    )
+            except TimeoutError:
+                raise UpstreamError("consumer_timeout", "no answer in time", eject=True) from None
+            except aiohttp.ClientError as e:
+                raise UpstreamError("consumer_error", f"unreachable: {e}", eject=True) from None
+            self.metrics.consumer_latency.labels("first_byte").observe(time.perf_counter() - start)
+            try:
+                if resp.status >= 500 and not last_try:
+                    text = await resp.text(errors="replace")
+                    raise UpstreamError("consumer_error", f"HTTP {resp.status}: {text[:200]}")
+                return await self._relay(request, resp, rid)
+            finally:
+                resp.close()  # a no-op once fully read; otherwise vLLM sees the disconnect
+        finally:
+            consumer.in_flight -= 1
+            self.metrics.in_flight.labels("consumer").dec()
+            self.metrics.consumer_latency.labels("total").observe(time.perf_counter() - start)
+
+    async def _relay(
+        self, request: web.Request, resp: aiohttp.ClientResponse, rid: str
+    ) -> web.StreamResponse:
+        """The consumer's answer as it comes: whole for JSON, chunk by chunk for SSE."""
+        headers = {REQUEST_ID: rid}
+        for name in ("Content-Type", "Content-Encoding"):
+            if name in resp.headers:
+                headers[name] = resp.headers[name]
+        if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+            try:
+                data = await resp.read()
+            except TimeoutError:
+                raise UpstreamError("consumer_timeout", "read timed out", eject=True) from None
+            except aiohttp.ClientError as e:
+                raise UpstreamError("consumer_error", f"read failed: {e!r}") from None
+            return web.Response(body=data, status=resp.status, headers=headers)
+        out = web.StreamResponse(status=resp.status, headers=headers)
+        out.headers["Cache-Control"] = "no-cache"
+        await out.prepare(request)
+        while True:
+            try:
+                chunk = await resp.content.readany()
+            except (TimeoutError, aiohttp.ClientError) as e:
+                # Headers are sent: too late to retry. End the stream with an error event.
+                self.metrics.error(
+                    "consumer_timeout" if isinstance(e, TimeoutError) else "stream_broken"
+                )
+                logger.warning("request %s: consumer stream broke: %r", rid, e)
+                event = {"error": {"message": f"consumer stream broke: {e!r}", "code": 502}}
+                chunk = f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()
+                await self._write(out, chunk)
+                break
+            if not chunk:
+                break
+            await self._write(out, chunk)
+        await out.write_eof()
+        return out
+
+    @staticmethod
+    async def _write(out: web.StreamResponse, chunk: bytes) -> None:
+        try:
+            await out.write(chunk)
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            raise ClientGone(out) from None
+
+
+def build_app(router: Router) -> web.Application:
+    """The aiohttp application; run it with ``handler_cancellation=True``."""
+    app = web.Application(client_max_size=router.settings.max_body_bytes)
+    app.cleanup_ctx.append(router.lifespan)
+    app.router.add_post(CHAT_PATH, router.chat)
+    app.router.add_post("/v1/completions", router.completions)
+    app.router.add_get("/v1/models", router.models)
+    app.router.add_get("/health", router.health)
+    app.router.add_get("/metrics", router.prometheus)
+    return app

@@ -1,0 +1,291 @@
+"""The router's backends: a live set per role, filled from flags or from EndpointSlices.
+
+The watcher lists and watches ``discovery.k8s.io/v1`` EndpointSlices of one
+Service with the maintained ``kubernetes`` client (which loads in-cluster or
+kubeconfig credentials, exec plugins and token rotation included), so scaling
+and rolling updates reach the router without a restart. Only ready endpoints
+count. When the API server is unreachable the last known backends stay in
+use: losing the control plane must not take the data path down.
+
+That client is synchronous: each watcher's list+watch runs in a daemon thread
+that hands complete snapshots to the asyncio loop (a queue of one: a newer
+snapshot replaces one not yet applied), so the proxy's loop never blocks on
+the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+@dataclass(eq=False)
+class Backend:
+    """One producer or consumer; counters survive EndpointSlice updates."""
+
+    url: str
+    in_flight: int = 0
+    ejected_until: float = 0.0
+
+    def __repr__(self) -> str:
+        return f"Backend({self.url}, in_flight={self.in_flight})"
+
+
+class BackendSet:
+    """The current backends of one role (producer or consumer)."""
+
+    def __init__(self, role: str, urls: Iterable[str] = ()) -> None:
+        self.role = role
+        self._by_url: dict[str, Backend] = {}
+        self.listeners: list[Callable[[BackendSet], None]] = []
+        self.replace(urls)
+
+    @property
+    def backends(self) -> list[Backend]:
+        return list(self._by_url.values())
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._by_url)
+
+    def __len__(self) -> int:
+        return len(self._by_url)
+
+    def replace(self, urls: Iterable[str]) -> None:
+        """Make ``urls`` the set; a backend that stays keeps its in-flight count."""
+        new = sorted(set(urls))
+        if new == list(self._by_url):
+            return
+        self._by_url = {u: self._by_url.get(u) or Backend(u) for u in new}
+        logger.info("%s backends now %s", self.role, new)
+        for listener in self.listeners:
+            listener(self)
+
+
+# --- Kubernetes API access ------------------------------------------------------------
+
+
+@dataclass
+class KubeClient:
+    """A configured ``kubernetes.client.ApiClient`` and the namespace its context implies."""
+
+    api: Any  # kubernetes.client.ApiClient (the client is untyped)
+    default_namespace: str | None = None
+
+    def close(self) -> None:
+        self.api.close()
+
+
+def kube_client(kubeconfig: str | None) -> KubeClient:
+    """``--kubeconfig`` if given, else the pod's ServiceAccount, else $KUBECONFIG or
+    ~/.kube/config; ValueError saying what to give when none works."""
+    from kubernetes import client, config
+
+    conf = client.Configuration()
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=conf)
+            namespace = SA_NAMESPACE.read_text().strip() if SA_NAMESPACE.exists() else None
+        else:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=conf)
+            _, current = config.list_kube_config_contexts(config_file=kubeconfig)
+            namespace = (current.get("context") or {}).get("namespace")
+    except (config.ConfigException, OSError) as e:
+        raise ValueError(
+            "--producer-service/--consumer-service need API access: run in a pod with a "
+            f"ServiceAccount, or give --kubeconfig (or set KUBECONFIG): {e}"
+        ) from None
+    return KubeClient(client.ApiClient(conf), namespace if isinstance(namespace, str) else None)
+
+
+# --- EndpointSlices ---------------------------------------------------------------------
+
+
+def slice_urls(obj: dict[str, Any], port_name: str | None, scheme: str = "http") -> list[str]:
+    """Base URLs of the ready endpoints of one EndpointSlice.
+
+    ``ready`` unset counts as ready (the API's documented meaning); a slice
+    without the wanted port contributes nothing.
+    """
+    ports = [p for p in obj.get("ports") or [] if isinstance(p, dict) and p.get("port")]
+    if port_name is not None:
+        ports = [p for p in ports if p.get("name") == port_name]
+    if len(ports) != 1:
+        if ports or obj.get("endpoints"):
+            logger.warning(
+                "EndpointSlice %s: cannot pick a port from %s (set --endpoint-port-name)",
+                obj.get("metadata", {}).get("name"),
+                [p.get("name") for p in obj.get("ports") or []],
+            )
+        return []
+    port = int(ports[0]["port"])
+    ipv6 = obj.get("addressType") == "IPv6"
+    urls = []
+    for ep in obj.get("endpoints") or []:
+        if (ep.get("conditions") or {}).get("ready") is False:
+            continue
+        for addr in ep.get("addresses") or []:
+            host = f"[{addr}]" if ipv6 else addr
+            urls.append(f"{scheme}://{host}:{port}")
+    return urls
+
+
+Snapshot = dict[str, list[str]]  # EndpointSlice name -> its ready backend URLs
+
+
+class EndpointSliceWatcher:
+    """Keeps ``target`` equal to the ready endpoints of one Service's EndpointSlices."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        service: str,
+        target: BackendSet,
+        port_name: str | None = None,
+        watch_timeout_s: int = 290,
+        max_backoff_s: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.service = service
+        self.target = target
+        self.port_name = port_name
+        self.watch_timeout_s = watch_timeout_s
+        self.max_backoff_s = max_backoff_s
+        self.synced = threading.Event()
+        self._stop = threading.Event()
+        self._watch: Any = None  # the kubernetes Watch in progress, to stop it from outside
+
+    async def run(self) -> None:
+        """Follow the Service until cancelled: the thread lists and watches, this applies."""
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue[Snapshot] = asyncio.Queue(maxsize=1)
+
+        def offer(snapshot: Snapshot) -> None:  # on the loop: keep only the newest
+            if updates.full():
+                updates.get_nowait()
+            updates.put_nowait(snapshot)
+
+        def hand_over(snapshot: Snapshot) -> bool:  # on the thread
+            try:
+                loop.call_soon_threadsafe(offer, snapshot)
+                return True
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                return False
+
+        thread = threading.Thread(
+            target=self._follow, args=(hand_over,), name=f"watch-{self.service}", daemon=True
+        )
+        thread.start()
+        try:
+            while True:
+                snapshot = await updates.get()
+                self.target.replace(u for urls in snapshot.values() for u in urls)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """End the thread's watch now (it exits at its next step)."""
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.stop()
+
+    def _follow(self, hand_over: Callable[[Snapshot], bool]) -> None:
+        """List, then watch from that version; on 410 or any failure list again, backing off."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        api = client.DiscoveryV1Api(self.client.api)
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                slices, version = self._list(api)
+                if not hand_over(dict(slices)):
+                    return
+                self.synced.set()
+                backoff = 0.5
+                while not self._stop.is_set():
+                    version = self._watch_once(api, slices, version, hand_over)
+            except ApiException as e:
+                if e.status == 410:
+                    logger.info("EndpointSlice watch of %s expired; listing again", self.service)
+                    continue
+                self._retry_later(_api_error(e.status, str(e.reason), self.service), backoff)
+                backoff = min(backoff * 2, self.max_backoff_s)
+            except Exception as e:  # unreachable, timed out, garbled: keep the backends
+                self._retry_later(repr(e), backoff)
+                backoff = min(backoff * 2, self.max_backoff_s)
+
+    def _retry_later(self, problem: str, backoff: float) -> None:
+        logger.warning(
+            "EndpointSlices of %s/%s: %s; keeping %s, retrying in %.1fs",
+            self.namespace,
+            self.service,
+            problem,
+            self.target.urls,
+            backoff,
+        )
+        self._stop.wait(backoff)
+
+    def _list(self, api: Any) -> tuple[Snapshot, str]:
+        resp = api.list_namespaced_endpoint_slice(
+            self.namespace,
+            label_selector=f"{SERVICE_NAME_LABEL}={self.service}",
+            _request_timeout=30,
+        )
+        raw = self.client.api.sanitize_for_serialization(resp)
+        slices = {
+            item["metadata"]["name"]: slice_urls(item, self.port_name)
+            for item in raw.get("items") or []
+        }
+        return slices, str(raw["metadata"]["resourceVersion"])
+
+    def _watch_once(
+        self, api: Any, slices: Snapshot, version: str, hand_over: Callable[[Snapshot], bool]
+    ) -> str:
+        """One watch request (the server ends it after ``watch_timeout_s``); the last version."""
+        from kubernetes import watch
+
+        self._watch = watch.Watch()
+        for event in self._watch.stream(
+            api.list_namespaced_endpoint_slice,
+            self.namespace,
+            label_selector=f"{SERVICE_NAME_LABEL}={self.service}",
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.watch_timeout_s,
+            _request_timeout=(30, self.watch_timeout_s + 30),
+        ):
+            kind, obj = event.get("type"), event.get("raw_object") or {}
+            meta = obj.get("metadata") or {}
+            if kind in ("ADDED", "MODIFIED"):
+                slices[meta["name"]] = slice_urls(obj, self.port_name)
+            elif kind == "DELETED":
+                slices.pop(str(meta.get("name")), None)
+            version = str(meta.get("resourceVersion") or version)
+            if kind != "BOOKMARK" and not hand_over(dict(slices)):
+                self._stop.set()
+            if self._stop.is_set():
+                break
+        return version
+
+
+def _api_error(status: int, text: str, service: str) -> str:
+    if status in (401, 403):
+        return (
+            f"API server refused listing EndpointSlices of {service} ({status}); grant the "
+            "router's ServiceAccount get/list/watch on endpointslices.discovery.k8s.io"
+        )
+    return f"API server answered {status}: {text[:300]}"

@@ -1,0 +1,207 @@
+"""``RouterSettings``: the router's configuration, from flags and ``ENCODERPOOL_ROUTER_*``.
+
+One pydantic model so that flags, environment (what the operator renders into
+the router's Deployment) and tests validate the same way, and every bad value
+fails at start-up with a message naming the flag and what to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "ENCODERPOOL_ROUTER_"
+# Service names are DNS-1035 labels; namespaces DNS-1123 labels (Kubernetes' rules).
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+Seconds = Annotated[float, Field(gt=0, le=86400)]
+UrlList = Annotated[tuple[str, ...], NoDecode]
+
+
+class RouterSettings(BaseSettings):
+    """Everything the router needs; either static backends or two Services to watch."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    host: str = Field(default="0.0.0.0", description="Address to listen on.")  # noqa: S104
+    port: Annotated[int, Field(ge=1, le=65535)] = Field(default=8000, description="Port.")
+    producers: UrlList = Field(
+        default=(), description="Static producer base URLs (http://host:port), for local runs."
+    )
+    consumers: UrlList = Field(
+        default=(), description="Static consumer base URLs (http://host:port), for local runs."
+    )
+    producer_service: str | None = Field(
+        default=None, description="Service whose EndpointSlices list the producers."
+    )
+    consumer_service: str | None = Field(
+        default=None, description="Service whose EndpointSlices list the consumers."
+    )
+    namespace: str | None = Field(
+        default=None,
+        description="Namespace of both Services; defaults to the pod's own (or the "
+        "kubeconfig context's).",
+    )
+    kubeconfig: str | None = Field(
+        default=None,
+        description="Kubeconfig for local runs; in a pod the ServiceAccount is used.",
+    )
+    endpoint_port_name: str | None = Field(
+        default=None,
+        description="EndpointSlice port to use; unset: the slice's only port.",
+    )
+    producer_timeout_s: Seconds = Field(
+        default=30.0,
+        description="Longest wait for one producer; past it the consumer encodes the item.",
+    )
+    consumer_connect_timeout_s: Seconds = Field(
+        default=5.0, description="Longest wait to connect to a consumer before retrying."
+    )
+    consumer_read_timeout_s: Seconds = Field(
+        default=600.0, description="Longest silence from a consumer (between bytes)."
+    )
+    consumer_retries: Annotated[int, Field(ge=0, le=3)] = Field(
+        default=1, description="Retries of a failed consumer request, each on another consumer."
+    )
+    producer_load_bound: Annotated[int, Field(ge=1, le=10000)] = Field(
+        default=4,
+        description="In-flight items at which an item's preferred producer yields to "
+        "the next one in the item's ranking.",
+    )
+    reuse_encoded_s: Annotated[float, Field(ge=0, le=86400)] = Field(
+        default=0.0,
+        description="For this long after a producer encoded an item, repeats of it skip the "
+        "producer and the consumer finds the entry by hash. Only for the sharedVolume "
+        "transport; 0 (off) for rdma, whose consumers need the producer's params.",
+    )
+    eject_s: Annotated[float, Field(ge=0, le=3600)] = Field(
+        default=5.0, description="How long a backend that failed to answer is avoided."
+    )
+    max_body_bytes: Annotated[int, Field(ge=1 << 10, le=1 << 31)] = Field(
+        default=64 << 20, description="Largest request body accepted from a client."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Log level of the router's own loggers."
+    )
+
+    @field_validator("producers", "consumers", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        """Accept ``a,b`` (flags, environment) as well as a list."""
+        if isinstance(v, str):
+            return tuple(u.strip() for u in v.split(",") if u.strip())
+        return v
+
+    @field_validator("producers", "consumers")
+    @classmethod
+    def _urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        out = tuple(backend_url(u) for u in v)
+        if len(set(out)) != len(out):
+            raise ValueError(f"lists a backend twice: {list(out)}")
+        return out
+
+    @field_validator("producer_service", "consumer_service")
+    @classmethod
+    def _service(cls, v: str | None) -> str | None:
+        if v is not None and not _DNS1035.match(v):
+            raise ValueError(f"{v!r} is not a Service name (lowercase DNS-1035 label)")
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str | None) -> str | None:
+        if v is not None and not _DNS1123.match(v):
+            raise ValueError(f"{v!r} is not a namespace name (lowercase DNS-1123 label)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RouterSettings:
+        static = bool(self.producers or self.consumers)
+        services = self.producer_service is not None or self.consumer_service is not None
+        if static and services:
+            raise ValueError(
+                "give either --producers/--consumers (static) or "
+                "--producer-service/--consumer-service (EndpointSlices), not both"
+            )
+        if not static and not services:
+            raise ValueError(
+                "no backends: give --consumers (and --producers) for a local run, or "
+                "--producer-service and --consumer-service to follow EndpointSlices"
+            )
+        if static and not self.consumers:
+            raise ValueError("--consumers is empty: the router needs at least one consumer")
+        if services and (self.producer_service is None or self.consumer_service is None):
+            raise ValueError("give both --producer-service and --consumer-service")
+        return self
+
+    @property
+    def discovery(self) -> bool:
+        """True when backends come from EndpointSlices."""
+        return self.consumer_service is not None
+
+
+def backend_url(url: str) -> str:
+    """``http(s)://host:port`` without a trailing slash; ValueError says what is wrong."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not a base URL like http://127.0.0.1:8000")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"{url!r} must not carry a path or query; give only http://host:port")
+    try:
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError:
+        raise ValueError(f"{url!r} has an invalid port") from None
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Flags mirror the settings' fields one to one (``--producer-timeout-s`` ...)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m encoderpool_router",
+        description="OpenAI-compatible EPD router for an EncoderPool. Every flag can also be "
+        f"set as {ENV_PREFIX}<NAME> (e.g. {ENV_PREFIX}CONSUMERS).",
+    )
+    for name, info in RouterSettings.model_fields.items():
+        extra = " (comma-separated)" if name in ("producers", "consumers") else ""
+        parser.add_argument(
+            _flag(name),
+            dest=name,
+            default=None,
+            metavar=name.upper(),
+            help=f"{info.description}{extra} Default: {info.default!r}.",
+        )
+    return parser
+
+
+def format_error(e: ValidationError) -> str:
+    """One line per problem, naming the flag and its environment variable."""
+    lines = []
+    for err in e.errors():
+        loc = [str(p) for p in err["loc"]]
+        msg = err["msg"].removeprefix("Value error, ")
+        if loc:
+            lines.append(f"{_flag(loc[0])} ({ENV_PREFIX}{loc[0].upper()}): {msg}")
+        else:
+            lines.append(msg)
+    return "invalid router settings:\n  " + "\n  ".join(lines)
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> RouterSettings:
+    """Flags over environment over defaults; ValueError lists every bad value."""
+    args = build_parser().parse_args(argv)
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    try:
+        return RouterSettings(**given)
+    except ValidationError as e:
+        raise ValueError(format_error(e)) from None

@@ -1,0 +1,95 @@
+"""Which producer encodes an item, and which consumer serves a request.
+
+Producers: rendezvous (highest-random-weight) hashing of the item's media key
+over the producers, with a load bound. The same media lands on the same
+producer, whose caches (vLLM's processor cache, its encoder cache, and with
+RDMA the embedding still in its memory) then hit; when a producer joins or
+leaves only the items that hashed to it move (no ring, no virtual nodes, and
+nothing to rebuild on each EndpointSlice change). Random keys spread evenly;
+a hot item or a burst that pushes its preferred producer past the bound goes
+to the next producer in the item's own ranking (still stable, so repeats of it
+keep hitting there), and only when every producer is past the bound to the
+least loaded one.
+
+Consumers: least in-flight requests (ties broken at random), skipping ones
+already tried for this request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from encoderpool_router.backends import Backend
+
+
+def hrw_rank(key: bytes, backends: Sequence[Backend]) -> list[Backend]:
+    """``backends`` from most to least preferred for ``key`` (rendezvous hashing)."""
+
+    def weight(b: Backend) -> bytes:
+        return hashlib.blake2b(key + b.url.encode(), digest_size=8).digest()
+
+    return sorted(backends, key=weight, reverse=True)
+
+
+def usable(backends: Sequence[Backend], now: float | None = None) -> list[Backend]:
+    """The backends not ejected after a failure; all of them if every one was ejected."""
+    t = time.monotonic() if now is None else now
+    fine = [b for b in backends if b.ejected_until <= t]
+    return fine or list(backends)
+
+
+def choose_producer(key: bytes, backends: Sequence[Backend], load_bound: int) -> Backend | None:
+    """The item's first-ranked producer under ``load_bound`` in flight, else the least busy."""
+    ranked = hrw_rank(key, usable(backends))
+    for b in ranked:
+        if b.in_flight < load_bound:
+            return b
+    return min(ranked, key=lambda b: b.in_flight, default=None)
+
+
+def choose_consumer(backends: Sequence[Backend], exclude: Sequence[Backend] = ()) -> Backend | None:
+    """The least busy consumer not yet tried; a tried one only when nothing else is left."""
+    pool = usable(backends)
+    fresh = [b for b in pool if b not in exclude] or pool
+    if not fresh:
+        return None
+    least = min(b.in_flight for b in fresh)
+    return random.choice([b for b in fresh if b.in_flight == least])  # noqa: S311
+
+
+class RecentlyEncoded:
+    """Media keys a producer encoded less than ``ttl_s`` ago (at most ``capacity`` of them).
+
+    Multi-turn chats resend every earlier image each turn; with a transport
+    where consumers find entries by hash alone (the shared volume), sending
+    such an item to a producer again only costs a round trip. A hit skips the
+    producer and sends no params for the item: the consumer loads the entry if
+    it is still there and encodes the item itself if not (never an error). Not
+    for transports whose consumers need the producer's params (RDMA).
+    """
+
+    def __init__(self, ttl_s: float, capacity: int = 1 << 16) -> None:
+        self.ttl_s = ttl_s
+        self.capacity = capacity
+        self._until: OrderedDict[bytes, float] = OrderedDict()
+
+    def add(self, key: bytes, now: float | None = None) -> None:
+        t = time.monotonic() if now is None else now
+        self._until[key] = t + self.ttl_s
+        self._until.move_to_end(key)
+        while len(self._until) > self.capacity:
+            self._until.popitem(last=False)
+
+    def fresh(self, key: bytes, now: float | None = None) -> bool:
+        t = time.monotonic() if now is None else now
+        until = self._until.get(key)
+        if until is None:
+            return False
+        if until <= t:
+            del self._until[key]
+            return False
+        return True

@@ -1,0 +1,113 @@
+"""Fixtures for the RDMA connector's real-engine tests (registered in conftest.pytest_plugins).
+
+``rdma_pool``: a monolithic server, an EncoderPoolNixlConnector producer and consumer
+(UCX over tcp/self/sm, the producer's side channel on a free 127.0.0.1 port) and the
+real router in front, shared by a test module and stopped by PID at its end.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.media import chat_request, encoder_request, image_part, token_ids
+from e2e.vllm_server import VllmServer, free_port
+from encoderpool_connector.contracts import ConnectorConfig
+from tests.connector.fixtures import EpFactory, tiny_fingerprint
+from tests.router.fixtures import RouterProcess, encoded_hashes
+
+CONNECTOR = "EncoderPoolNixlConnector"
+MODULE = "encoderpool_connector.rdma"
+UCX_ENV = {"UCX_TLS": "tcp,self,sm", "ENCODERPOOL_ADVERTISE_HOST": "127.0.0.1"}
+
+
+def rdma_config(fingerprint: str, port: int, **settings: Any) -> dict[str, Any]:
+    """A valid rdma ``ec_connector_extra_config``, as the operator renders it."""
+    rdma: dict[str, Any] = {
+        "side_channel_port": port,
+        "buffer_bytes": 64 << 20,
+        "bind_host": "127.0.0.1",
+        "transfer_timeout_ms": 3000,
+        "metadata_timeout_ms": 1000,
+        **settings,
+    }
+    cfg = ConnectorConfig(
+        transport="rdma",
+        model_fingerprint=fingerprint,
+        encoder_output_widths={"image": 128},
+        rdma=rdma,
+    )
+    return cfg.to_extra_config()
+
+
+def metric(server: VllmServer, name: str) -> float:
+    """Sum of a Prometheus counter over its label sets (0 when not exported yet)."""
+    import re
+
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", re.M)
+    return sum(float(v) for v in pattern.findall(text))
+
+
+@dataclass
+class RdmaPool:
+    mono: VllmServer
+    producer: VllmServer
+    consumer: VllmServer
+    router: RouterProcess
+    fingerprint: str
+    side_channel_port: int
+
+    def encode(self, png: bytes) -> tuple[str, dict[str, Any]]:
+        """What the router does per item; returns (mm_hash, the producer's params)."""
+        out = self.producer.chat(encoder_request(image_part(png)))
+        assert out["usage"]["completion_tokens"] == 0, out
+        params = out["ec_transfer_params"]
+        ((mm_hash, item),) = params.items()
+        assert item["metadata"]["image_grid_thw"], item
+        return mm_hash, params
+
+    def consume(self, png: bytes, params: dict[str, Any] | None) -> list[int]:
+        body = chat_request(png)
+        if params is not None:
+            body["ec_transfer_params"] = params
+        return token_ids(self.consumer.chat(body))
+
+    def expected(self, png: bytes) -> list[int]:
+        return token_ids(self.mono.chat(chat_request(png)))
+
+    def consumer_encoded(self) -> set[str]:
+        return encoded_hashes(self.consumer.log_text())
+
+    def producer_encoded(self) -> set[str]:
+        return encoded_hashes(self.producer.log_text())
+
+
+@pytest.fixture(scope="module")
+def rdma_pool(
+    ep_servers: EpFactory, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RdmaPool]:
+    fingerprint = tiny_fingerprint(tiny_model)
+    port = free_port()
+    extra = rdma_config(fingerprint, port)
+    kw: dict[str, Any] = {"connector": CONNECTOR, "module": MODULE, "env": UCX_ENV}
+    mono = ep_servers("mono")
+    producer = ep_servers("producer", role="ec_producer", extra=extra, **kw)
+    consumer = ep_servers("consumer", role="ec_consumer", extra=extra, **kw)
+    for s in (mono, producer, consumer):
+        s.wait_ready(300)
+    logs = tmp_path_factory.mktemp("rdma-router")
+    router = RouterProcess(
+        ["--producers", producer.url, "--consumers", consumer.url, "--log-level", "DEBUG"],
+        logs / "router.log",
+    ).start()
+    try:
+        yield RdmaPool(mono, producer, consumer, router, fingerprint, port)
+    finally:
+        router.stop()

@@ -1,0 +1,193 @@
+"""The shared-volume connector on the real engine: a producer and a consumer vLLM (tiny
+Qwen2-VL) against a monolithic server, through the flow a router runs.
+
+Servers are shared by the module; every test uses images no other test uses,
+because a consumer's in-memory encoder cache hides entries it has already seen.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.media import chat_request, encoder_request, image, image_part, token_ids
+from e2e.vllm_server import VllmServer
+from encoderpool_connector.shared_volume.entry import (
+    Header,
+    checksum,
+    encode_prefix,
+    entry_name,
+    parse_prefix,
+)
+from tests.connector.fixtures import EpFactory, sv_config, tiny_fingerprint
+
+pytestmark = pytest.mark.vllm
+
+
+class Pool:
+    """mono + producer + consumer sharing one storage root, plus the router's flow."""
+
+    def __init__(self, mono: VllmServer, producer: VllmServer, consumer: VllmServer, root: Path):
+        self.mono, self.producer, self.consumer, self.root = mono, producer, consumer, root
+        self.fingerprint = ""
+
+    def encode(self, png: bytes, uuid: str | None = None) -> tuple[str, dict[str, Any]]:
+        """What a router does per item: the producer encodes it; returns (mm_hash, params)."""
+        out = self.producer.chat(encoder_request(image_part(png, uuid)))
+        assert out["usage"]["completion_tokens"] == 0, out
+        params = out["ec_transfer_params"]
+        ((mm_hash, item),) = params.items()
+        assert item["encoderpool"]["fingerprint"] == self.fingerprint
+        assert item["metadata"]["image_grid_thw"], item  # placeholder metadata for the consumer
+        return mm_hash, params
+
+    def consume(self, png: bytes, params: dict[str, Any] | None, uuid: str | None = None) -> Any:
+        body = chat_request(png, uuids=[uuid] if uuid else None)
+        if params is not None:
+            body["ec_transfer_params"] = params
+        return token_ids(self.consumer.chat(body))
+
+    def entry(self, mm_hash: str) -> Path:
+        return self.root / "entries" / entry_name(self.fingerprint, mm_hash)
+
+
+def metric(server: VllmServer, name: str) -> float:
+    """Sum of a Prometheus counter over its label sets (0 when not exported yet)."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", re.M)
+    return sum(float(v) for v in pattern.findall(text))
+
+
+def encoder_ran(server: VllmServer, mm_hash: str) -> bool:
+    return f"Finish execute for mm hash {mm_hash}" in server.log_text()
+
+
+@pytest.fixture(scope="module")
+def pool(ep_servers: EpFactory, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pool:
+    base = tmp_path_factory.mktemp("epd")
+    root = base / "volume" / "ec"
+    extra = sv_config(root, tiny_fingerprint(tiny_model))
+    mono = ep_servers("mono")
+    producer = ep_servers("producer", role="ec_producer", extra=extra)
+    consumer = ep_servers("consumer", role="ec_consumer", extra=extra)
+    for s in (mono, producer, consumer):
+        s.wait_ready(300)
+    p = Pool(mono, producer, consumer, root)
+    p.fingerprint = extra["model_fingerprint"]
+    return p
+
+
+def test_consumer_matches_monolithic_without_running_its_encoder(pool: Pool) -> None:
+    images = [image(i) for i in range(100, 106)]
+    hashes = []
+    for png in images:
+        expected = token_ids(pool.mono.chat(chat_request(png)))
+        mm_hash, params = pool.encode(png)
+        hashes.append(mm_hash)
+        assert pool.consume(png, params) == expected
+    for h in hashes:
+        assert pool.entry(h).is_file()
+        assert encoder_ran(pool.producer, h)
+        assert not encoder_ran(pool.consumer, h), f"consumer encoded {h} itself"
+    assert metric(pool.consumer, "encoderpool_ec_hits_total") >= len(images)
+    assert metric(pool.consumer, "encoderpool_ec_loads_total") >= len(images)
+    assert "fingerprints as" not in pool.consumer.log_text()  # identity agrees with the test bed
+
+
+def test_consumer_uses_the_entry_not_its_encoder(pool: Pool) -> None:
+    """Publish image a's embedding under image b's key: the consumer answers b as if it were a."""
+    a, b = image(110), image(111)
+    expected_a = token_ids(pool.mono.chat(chat_request(a)))
+    assert token_ids(pool.mono.chat(chat_request(b))) != expected_a
+    hash_a, _ = pool.encode(a)
+    hash_b, params_b = pool.encode(b)
+    raw = pool.entry(hash_a).read_bytes()
+    header, offset = parse_prefix(raw)
+    payload = raw[offset:]
+    forged = Header(hash_b, header.fingerprint, header.dtype, header.shape, checksum(payload))
+    pool.entry(hash_b).write_bytes(encode_prefix(forged) + payload)
+    assert pool.consume(b, params_b) == expected_a
+
+
+def _corrupt(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[-7] ^= 0x5A  # one payload byte: same size, checksum no longer matches
+    path.write_bytes(bytes(raw))
+
+
+def _truncate(path: Path) -> None:
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) - 100])
+
+
+def _foreign(path: Path) -> None:
+    header, offset = parse_prefix(path.read_bytes())
+    payload = path.read_bytes()[offset:]
+    other = Header(header.mm_hash, "0123456789abcdef", header.dtype, header.shape, header.checksum)
+    path.write_bytes(encode_prefix(other) + payload)
+
+
+@pytest.mark.parametrize(("spoil", "index"), [(_corrupt, 120), (_truncate, 121), (_foreign, 122)])
+def test_bad_entry_is_a_miss_and_the_consumer_encodes_itself(
+    pool: Pool, spoil: Any, index: int
+) -> None:
+    png = image(index)
+    expected = token_ids(pool.mono.chat(chat_request(png)))
+    rejected = metric(pool.consumer, "encoderpool_ec_rejected_total")
+    mm_hash, params = pool.encode(png)
+    spoil(pool.entry(mm_hash))
+    assert pool.consume(png, params) == expected
+    assert encoder_ran(pool.consumer, mm_hash)
+    assert metric(pool.consumer, "encoderpool_ec_rejected_total") == rejected + 1
+    assert "rejected entry for item" in pool.consumer.log_text()
+
+
+def _tree(top: Path) -> set[str]:
+    out = set()
+    for d, dirs, files in os.walk(top):
+        for n in dirs + files:
+            out.add(os.path.relpath(os.path.join(d, n), top))
+    return out
+
+
+@pytest.mark.parametrize("uuid", ["../../x", "/etc/passwd", "a/../../../b\x00c", "." * 300])
+def test_hostile_uuid_stays_inside_the_root(pool: Pool, uuid: str) -> None:
+    base = pool.root.parent.parent  # <tmp>/volume/ec -> <tmp>
+    outside = {p for p in _tree(base) if not p.startswith("volume/ec")}
+    png = image(130 + len(uuid) % 7)
+    expected = token_ids(pool.mono.chat(chat_request(png)))
+    mm_hash, params = pool.encode(png, uuid=uuid)
+    assert mm_hash == uuid  # the client's uuid really replaced the hash
+    assert pool.consume(png, params, uuid=uuid) == expected
+    assert {p for p in _tree(base) if not p.startswith("volume/ec")} == outside
+    names = os.listdir(pool.root / "entries")
+    assert entry_name(pool.fingerprint, uuid) in names
+    assert all(re.fullmatch(r"[0-9a-f]{40}\.epc", n) for n in names)
+    for server in (pool.producer, pool.consumer):
+        with urllib.request.urlopen(server.url + "/health", timeout=10) as r:
+            assert r.status == 200
+
+
+def test_lookups_create_nothing(pool: Pool) -> None:
+    """A consumer asked about items nobody published adds no file or directory."""
+    before = _tree(pool.root)
+    for i in range(140, 143):
+        png = image(i)
+        assert pool.consume(png, None) == token_ids(pool.mono.chat(chat_request(png)))
+    assert _tree(pool.root) == before
+
+
+def test_pins_are_released_after_loading(pool: Pool) -> None:
+    png = image(150)
+    expected = token_ids(pool.mono.chat(chat_request(png)))
+    mm_hash, params = pool.encode(png)
+    assert pool.consume(png, params) == expected
+    assert not encoder_ran(pool.consumer, mm_hash)
+    pins = pool.root / "pins"
+    assert [p for p in _tree(pins) if (pins / p).is_file()] == []

@@ -1,0 +1,120 @@
+"""The width Job's entrypoint on the real engine (tiny Qwen2-VL): the report it writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from e2e.vllm_server import base_env
+from encoderpool_connector.contracts import (
+    TERMINATION_MESSAGE_LIMIT,
+    ModelIdentity,
+    WidthReport,
+    configmap_name,
+)
+from encoderpool_connector.measure import MeasureError, parse_args, publish
+from tests.connector.fixtures import tiny_fingerprint
+
+
+def run_measure(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "encoderpool_connector.measure", *args],
+        env=base_env("0"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.vllm
+def test_measure_writes_the_report_as_a_termination_message(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The Job writes compact JSON to /dev/termination-log; here a file stands in for it."""
+    out = tmp_path / "termination-log"
+    done = run_measure(
+        "--model", str(tiny_model), "--max-model-len", "2048", "--output-file", str(out)
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = out.read_text()
+    report = WidthReport.from_termination_message(text)
+    assert report.encoder_output_widths["image"] == 128
+    assert report.bytes_per_token["image"] == 256  # 128 x bf16
+    assert report.hidden_size == 128
+    assert report.max_tokens_per_item["image"] == 64  # 224x224 max pixels / 14^2 / 2x2 merge
+    # The Job and the serving pods fingerprint the model the same way.
+    assert report.fingerprint == tiny_fingerprint(tiny_model)
+    # What the operator stores: compact, within the kubelet's limit, and it round-trips.
+    assert text == report.model_dump_json()
+    assert len(text.encode()) <= TERMINATION_MESSAGE_LIMIT
+    assert WidthReport.from_configmap_data(report.to_configmap_data()) == report
+    assert report.configmap_name == configmap_name(report.fingerprint)
+
+
+def test_a_report_too_large_for_a_termination_message_fails_clearly(tmp_path: Path) -> None:
+    identity = ModelIdentity(model="m", vllm_version="v")
+    modalities = {f"modality_{i:03d}": 128 for i in range(200)}
+    report = WidthReport(
+        fingerprint=identity.fingerprint(),
+        identity=identity,
+        encoder_output_widths=modalities,
+        hidden_size=128,
+        dtype="bfloat16",
+        bytes_per_token={m: 256 for m in modalities},
+        max_tokens_per_item={m: 64 for m in modalities},
+        measured_at=datetime.now(timezone.utc),
+    )
+    out = tmp_path / "termination-log"
+    with pytest.raises(MeasureError) as e:
+        publish(report, parse_args(["--model", "/x", "--output-file", str(out)]))
+    assert e.value.code == 4
+    assert "4096" in str(e.value)
+    assert "termination message" in str(e.value)
+    assert not out.exists()
+
+
+def test_missing_model_path_fails_clearly(tmp_path: Path) -> None:
+    done = run_measure("--model", str(tmp_path / "nope"), "--output-file", str(tmp_path / "r"))
+    assert done.returncode == 2
+    assert "--model" in done.stderr
+    assert "does not exist" in done.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_model_without_multimodal_encoder_fails_clearly(tiny_model: Path, tmp_path: Path) -> None:
+    """A text-only Qwen2 (random, tiny) with the tiny model's tokenizer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    text = tmp_path / "text-only"
+    cfg = Qwen2Config(
+        vocab_size=json.loads((tiny_model / "config.json").read_text()).get("vocab_size", 151936),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+    )
+    Qwen2ForCausalLM(cfg).save_pretrained(text)
+    for f in tiny_model.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("vocab.json", "merges.txt"):
+            (text / f.name).write_bytes(f.read_bytes())
+    done = run_measure("--model", str(text), "--output-file", str(tmp_path / "r"))
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "no multimodal encoder" in done.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_measure_needs_an_output_and_no_api_access() -> None:
+    done = run_measure("--model", "/x")
+    assert done.returncode == 2
+    assert "--output-file" in done.stderr
+    # The Job no longer talks to the API server: the operator writes the ConfigMap.
+    done = run_measure("--model", "/x", "--output-file", "/tmp/r", "--configmap-namespace", "ns")
+    assert done.returncode == 2
+    assert "unrecognized arguments: --configmap-namespace" in done.stderr

@@ -1,0 +1,339 @@
+"""Fixtures for the router tests (registered in conftest.pytest_plugins).
+
+Two kinds: in-process fake producers/consumers (aiohttp apps on 127.0.0.1)
+for the many unit tests, and real vLLM servers plus the router as a process
+for the few end-to-end ones. Which EC connector the real servers use is one
+entry in ``CONNECTORS``, chosen by ``EC_CONNECTOR``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from aiohttp import web
+
+from e2e.vllm_server import REPO, VllmServer, base_env, ec_transfer_config, free_port
+from encoderpool_router.app import Router, build_app
+from encoderpool_router.config import RouterSettings
+from tests.connector.fixtures import LOGGING_CONFIG
+
+T = TypeVar("T")
+
+# --- running async scenarios from plain tests ------------------------------------------
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+    """Run one async scenario with a bound, so a hang fails the test instead of the suite."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+@contextlib.asynccontextmanager
+async def serve(app: web.Application, cancel_on_disconnect: bool = True) -> AsyncIterator[str]:
+    """Serve ``app`` on a free 127.0.0.1 port; yields its base URL."""
+    runner = web.AppRunner(app, handler_cancellation=cancel_on_disconnect, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def router_at(
+    producers: list[str] | None = None,
+    consumers: list[str] | None = None,
+    **settings: Any,
+) -> AsyncIterator[tuple[Router, str]]:
+    """An in-process router over static backends; yields it and its base URL."""
+    s = RouterSettings(
+        producers=tuple(producers or ()), consumers=tuple(consumers or ()), **settings
+    )
+    router = Router(s)
+    async with serve(build_app(router)) as url:
+        yield router, url
+
+
+# --- fake backends ------------------------------------------------------------------------
+
+
+def fake_mm_hash(part: dict[str, Any]) -> str:
+    """What the fake producer reports as an item's hash: a function of the part only."""
+    return hashlib.sha256(json.dumps(part, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Seen:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any] | None
+
+
+@dataclass
+class FakeBackend:
+    """A producer or consumer speaking just enough OpenAI for the router.
+
+    ``mode``: ok | error (500) | unavailable (503) | bad_request (400) | hang
+    (never answers) | no_params (a producer answering without ec_transfer_params)
+    | stream_break (a consumer stream that stops mid-way).
+    """
+
+    name: str
+    mode: str = "ok"
+    delay_s: float = 0.0
+    seen: list[Seen] = field(default_factory=list)
+    cancelled: int = 0
+    # A consumer stream waits on this after its first chunk, so a test can prove
+    # the first chunk reached the client before the rest exists.
+    gate: asyncio.Event | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        return app
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self.seen.append(
+            Seen(request.path, {k.lower(): v for k, v in request.headers.items()}, None)
+        )
+        return web.json_response({"object": "list", "data": [{"id": self.name}]})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.seen.append(
+            Seen(request.path, {k.lower(): v for k, v in request.headers.items()}, body)
+        )
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            if self.mode == "hang":
+                await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        if self.mode in ("error", "unavailable", "bad_request"):
+            status = {"error": 500, "unavailable": 503, "bad_request": 400}[self.mode]
+            return web.json_response({"error": {"message": self.mode}}, status=status)
+        if self.name.startswith("producer"):
+            return self._encoded(body)
+        if body.get("stream"):
+            return await self._stream(request, body)
+        return web.json_response(
+            {
+                "served_by": self.name,
+                "ec_transfer_params_seen": body.get("ec_transfer_params"),
+                "choices": [{"index": 0, "message": {"content": "ok"}, "token_ids": [1, 2, 3]}],
+            }
+        )
+
+    def _encoded(self, body: dict[str, Any]) -> web.Response:
+        (part,) = body["messages"][0]["content"]
+        params = {} if self.mode == "no_params" else {fake_mm_hash(part): {"by": self.name}}
+        return web.json_response(
+            {"usage": {"completion_tokens": 0}, "ec_transfer_params": params or None}
+        )
+
+    async def _stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        try:
+            for i in range(4):
+                chunk = {"served_by": self.name, "choices": [{"token_ids": [i]}]}
+                await out.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                if i == 0 and self.gate is not None:
+                    await self.gate.wait()
+                if i == 1 and self.mode == "stream_break":
+                    assert request.transport is not None
+                    request.transport.close()
+                    return out
+            await out.write(b"data: [DONE]\n\n")
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return out
+
+
+@contextlib.asynccontextmanager
+async def fakes(*backends: FakeBackend) -> AsyncIterator[list[str]]:
+    """Serve each fake backend; yields their base URLs in order."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(serve(b.app())) for b in backends]
+
+
+# --- real vLLM servers and the router process ---------------------------------------------
+
+# Which EC connector the real-engine tests use: switching is this one line.
+EC_CONNECTOR = "encoderpool"
+
+ConnectorSpec = tuple[str, dict[str, Any], str | None]
+
+
+def _example(store: Path, model: Path) -> ConnectorSpec:
+    """vLLM's built-in ECExampleConnector (a file per item, no params needed)."""
+    return "ECExampleConnector", {"shared_storage_path": str(store)}, None
+
+
+def _encoderpool(store: Path, model: Path) -> ConnectorSpec:
+    """Our shared-volume connector, configured as the operator renders it."""
+    from tests.connector.fixtures import CONNECTOR, MODULE, sv_config, tiny_fingerprint
+
+    return CONNECTOR, sv_config(store, tiny_fingerprint(model)), MODULE
+
+
+CONNECTORS: dict[str, Callable[[Path, Path], ConnectorSpec]] = {
+    "example": _example,
+    "encoderpool": _encoderpool,
+}
+
+ENCODED_LINE = "Finish execute for mm hash"
+
+
+def encoded_hashes(log: str) -> set[str]:
+    """mm hashes whose encoder ran in the process that wrote ``log``."""
+    return {
+        line.split(ENCODED_LINE, 1)[1].split()[0].strip(" :,.")
+        for line in log.splitlines()
+        if ENCODED_LINE in line
+    }
+
+
+@dataclass
+class RouterProcess:
+    """``python -m encoderpool_router`` on 127.0.0.1, stopped by PID."""
+
+    args: list[str]
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> RouterProcess:
+        env = base_env()
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "encoderpool_router",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    *self.args,
+                ],
+                env=env,
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"router exited {self.proc.returncode}: {self.log_text()}")
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(self.url + "/health", timeout=2) as r,
+            ):
+                if r.status == 200:
+                    return self
+            time.sleep(0.1)
+        raise TimeoutError(f"router not healthy after {timeout}s: {self.log_text()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample from the router's /metrics (0 when absent)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        want = name + (
+            "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else ""
+        )
+        for line in text.splitlines():
+            if line.startswith(want + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+
+@dataclass
+class Epd:
+    """A monolithic reference server, one producer, one consumer and a router in front."""
+
+    mono: VllmServer
+    producer: VllmServer
+    consumer: VllmServer
+    router: RouterProcess
+    store: Path
+
+
+@pytest.fixture(scope="module")
+def epd(
+    tiny_model: Path, vllm_logs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Epd]:
+    """Real vLLM servers shared by a test module (they take ~30 s to start)."""
+    work = tmp_path_factory.mktemp("epd")
+    logging_config = work / "logging.json"
+    logging_config.write_text(json.dumps(LOGGING_CONFIG))
+    store = work / "ec"
+    store.mkdir()
+    name, extra, module = CONNECTORS[EC_CONNECTOR](store, tiny_model)
+
+    def server(role: str, cpu: str, ec_role: str | None) -> VllmServer:
+        args: list[str] = []
+        if ec_role is not None:
+            args += ["--ec-transfer-config", ec_transfer_config(name, ec_role, extra, module)]
+        env = {**base_env(cpu), "VLLM_LOGGING_CONFIG_PATH": str(logging_config)}
+        log = vllm_logs / f"router-{os.getpid()}-{role}.log"
+        return VllmServer(name=role, model=tiny_model, log_path=log, args=args, env=env)
+
+    servers = [
+        server("mono", "0", None),
+        server("producer", "1", "ec_producer"),
+        server("consumer", "0", "ec_consumer"),
+    ]
+    router: RouterProcess | None = None
+    try:
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.wait_ready(300)
+        mono, producer, consumer = servers
+        router = RouterProcess(
+            ["--producers", producer.url, "--consumers", consumer.url, "--log-level", "DEBUG"],
+            vllm_logs / f"router-{os.getpid()}-router.log",
+        ).start()
+        yield Epd(mono, producer, consumer, router, store)
+    finally:
+        if router is not None:
+            router.stop()
+        for s in servers:
+            s.stop()

@@ -1,0 +1,162 @@
+"""The router follows EndpointSlices on the real local control plane.
+
+The API server refuses loopback addresses in EndpointSlices, and kwok pod IPs
+are fake and must never be contacted; so the slices here carry FQDN addresses
+of a test-only domain that the router's resolver maps to 127.0.0.1 (and only
+those: any other name fails). Backends are fake producers/consumers on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from e2e.cluster import LocalCluster
+from e2e.media import chat_request, image
+from encoderpool_router.app import Router, build_app
+from encoderpool_router.config import RouterSettings
+from encoderpool_router.media import media_items, media_key
+from encoderpool_router.policy import hrw_rank
+from tests.router.fixtures import FakeBackend, fakes, run, serve
+from tests.waiting import async_wait_until
+
+pytestmark = pytest.mark.cluster
+
+DOMAIN = "encoderpool-router.test"
+
+
+class LoopbackResolver(AbstractResolver):
+    """``*.encoderpool-router.test`` is 127.0.0.1; every other name is an error."""
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        if not host.endswith("." + DOMAIN):
+            raise OSError(f"the test resolver refuses {host!r}")
+        return [
+            ResolveResult(hostname=host, host="127.0.0.1", port=port, family=socket.AF_INET,
+                          proto=0, flags=socket.AI_NUMERICHOST)
+        ]  # fmt: skip
+
+    async def close(self) -> None:
+        return None
+
+
+def service(name: str) -> dict[str, Any]:
+    """A Service without a selector: its EndpointSlices are ours to write."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"ports": [{"name": "http", "port": 8000}]},
+    }
+
+
+def endpoint_slice(svc: str, host: str, url: str, ready: bool) -> dict[str, Any]:
+    """One backend: its port is the fake's loopback port, its address a test-domain name."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{svc}-{host}",
+            "labels": {
+                "kubernetes.io/service-name": svc,
+                "endpointslice.kubernetes.io/managed-by": "tests.encoderpool.io",
+            },
+        },
+        "addressType": "FQDN",
+        "ports": [{"name": "http", "port": int(url.rsplit(":", 1)[1]), "protocol": "TCP"}],
+        "endpoints": [{"addresses": [f"{host}.{DOMAIN}"], "conditions": {"ready": ready}}],
+    }
+
+
+def test_backends_follow_endpointslice_changes(cluster: LocalCluster, namespace: str) -> None:
+    def kubectl(*args: str, obj: dict[str, Any] | None = None) -> str:
+        return cluster.kubectl(*args, "-n", namespace, input=json.dumps(obj) if obj else None)
+
+    for name in ("pool-producers", "pool-consumers"):
+        kubectl("apply", "-f", "-", obj=service(name))
+
+    async def scenario() -> None:
+        p0, p1 = FakeBackend("producer-0"), FakeBackend("producer-1")
+        c0, c1 = FakeBackend("consumer-0"), FakeBackend("consumer-1")
+        async with fakes(p0, p1, c0, c1) as (p0u, p1u, c0u, c1u):
+
+            async def apply(svc: str, host: str, url: str, ready: bool) -> None:
+                obj = endpoint_slice(svc, host, url, ready)
+                await asyncio.to_thread(kubectl, "apply", "-f", "-", obj=obj)
+
+            def url_of(host: str, url: str) -> str:
+                return f"http://{host}.{DOMAIN}:{url.rsplit(':', 1)[1]}"
+
+            await apply("pool-producers", "p0", p0u, True)
+            await apply("pool-consumers", "c0", c0u, True)
+            await apply("pool-consumers", "c1", c1u, False)
+            settings = RouterSettings(
+                producer_service="pool-producers",
+                consumer_service="pool-consumers",
+                namespace=namespace,
+                kubeconfig=str(cluster.kubeconfig),
+            )
+            router = Router(settings, resolver=LoopbackResolver())
+            async with serve(build_app(router)) as url, aiohttp.ClientSession() as s:
+
+                async def chat(i: int) -> tuple[int, Any]:
+                    async with s.post(
+                        url + "/v1/chat/completions", json=chat_request(image(i))
+                    ) as r:
+                        return r.status, await r.json()
+
+                await async_wait_until(
+                    "c0 only", lambda: router.consumers.urls == [url_of("c0", c0u)]
+                )
+                assert router.producers.urls == [url_of("p0", p0u)]
+                status, out = await chat(1)
+                assert (status, out["served_by"]) == (200, "consumer-0")
+                assert list(out["ec_transfer_params_seen"].values()) == [{"by": "producer-0"}]
+
+                # A rolling update: c1 becomes ready, c0 stops being ready; a producer joins.
+                await apply("pool-consumers", "c1", c1u, True)
+                await apply("pool-consumers", "c0", c0u, False)
+                await apply("pool-producers", "p1", p1u, True)
+                await async_wait_until(
+                    "c1 only", lambda: router.consumers.urls == [url_of("c1", c1u)]
+                )
+                await async_wait_until("two producers", lambda: len(router.producers) == 2)
+                # Items whose first-ranked producer is each one in turn (rendezvous hashing
+                # decides; which of ten random items land where is chance, so pick them).
+                first = {
+                    i: hrw_rank(media_key(media_items(chat_request(image(i)))[0]),
+                                router.producers.backends)[0].url
+                    for i in range(2, 40)
+                }  # fmt: skip
+                picks = [next(i for i, u in first.items() if u == url_of(h, pu))
+                         for h, pu in (("p0", p0u), ("p1", p1u))]  # fmt: skip
+                for i in [*picks, *[i for i in range(2, 40) if i not in picks][:8]]:  # ten
+                    status, out = await chat(i)
+                    assert (status, out["served_by"]) == (200, "consumer-1")
+                assert p0.seen  # each producer got the item that ranks it first
+                assert p1.seen
+
+                # Scaled to zero: the slice goes away, the router says so, then recovers.
+                await asyncio.to_thread(
+                    kubectl, "delete", "endpointslice", "pool-consumers-c0", "pool-consumers-c1"
+                )
+                await async_wait_until("no consumers", lambda: len(router.consumers) == 0)
+                async with s.get(url + "/health") as r:
+                    assert r.status == 503
+                assert (await chat(20))[0] == 503
+                await apply("pool-consumers", "c0", c0u, True)
+                await async_wait_until("c0 back", lambda: len(router.consumers) == 1)
+                status, out = await chat(21)
+                assert (status, out["served_by"]) == (200, "consumer-0")
+        assert len(c0.seen) == 2
+        assert len(c1.seen) == 10
+
+    run(scenario(), timeout=120)

@@ -1,0 +1,123 @@
+"""The router in front of real vLLM: a producer and a consumer with our EC connector
+(``fixtures_router.EC_CONNECTOR``), compared with a monolithic server.
+
+"The consumer did not encode" is read from the servers' DEBUG logs: the model
+runner logs ``Finish execute for mm hash X`` each time a process runs its
+encoder. The servers are shared by the module; the producer-kill test stops the
+producer, so it comes last.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from e2e.media import chat_request, image, token_ids
+from e2e.vllm_server import post_json
+from tests.router.fixtures import Epd, encoded_hashes
+
+pytestmark = pytest.mark.vllm
+
+
+def stream_token_ids(url: str, body: dict[str, Any]) -> tuple[list[int], int]:
+    """Token ids of a streamed chat answer, and how many SSE events carried them."""
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    ids: list[int] = []
+    events = 0
+    with urllib.request.urlopen(req, timeout=300) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            assert "error" not in chunk, chunk
+            for choice in chunk.get("choices", []):
+                if choice.get("token_ids"):
+                    ids += choice["token_ids"]
+                    events += 1
+    return ids, events
+
+
+def encoder_runs(epd: Epd) -> Callable[[], tuple[set[str], set[str]]]:
+    """A probe of the hashes producer and consumer have encoded so far."""
+    return lambda: (
+        encoded_hashes(epd.producer.log_text()),
+        encoded_hashes(epd.consumer.log_text()),
+    )
+
+
+@pytest.mark.parametrize(
+    ("n_images", "stream", "first"),
+    [(1, False, 100), (2, False, 110), (1, True, 120), (2, True, 130)],
+)
+def test_chat_through_the_router_matches_monolithic_and_the_consumer_does_not_encode(
+    epd: Epd, n_images: int, stream: bool, first: int
+) -> None:
+    images = [image(first + i) for i in range(n_images)]
+    expected = token_ids(epd.mono.chat(chat_request(*images)))
+    probe = encoder_runs(epd)
+    produced_before, consumed_before = probe()
+    remote_before = epd.router.metric("encoderpool_router_media_items_total", encoded="remote")
+
+    if stream:
+        got, events = stream_token_ids(epd.router.url, chat_request(*images, stream=True))
+        assert events > 1  # token by token, not one blob
+    else:
+        got = token_ids(post_json(epd.router.url + "/v1/chat/completions", chat_request(*images)))
+
+    assert got == expected
+    produced, consumed = probe()
+    assert len(produced - produced_before) == n_images  # each item encoded by the producer
+    assert consumed == consumed_before  # and never by the consumer
+    remote = epd.router.metric("encoderpool_router_media_items_total", encoded="remote")
+    assert remote - remote_before == n_images
+
+
+def test_fifty_concurrent_requests_get_correct_answers(epd: Epd) -> None:
+    images = {i: image(200 + i) for i in range(10)}
+    expected = {i: token_ids(epd.mono.chat(chat_request(png))) for i, png in images.items()}
+    probe = encoder_runs(epd)
+    produced_before, consumed_before = probe()
+    jobs = [i % 10 for i in range(50)]
+
+    def one(i: int) -> list[int]:
+        return token_ids(
+            post_json(epd.router.url + "/v1/chat/completions", chat_request(images[i]))
+        )
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        results = list(pool.map(one, jobs))
+    assert results == [expected[i] for i in jobs]
+    produced, consumed = probe()
+    assert len(produced - produced_before) == 10
+    assert consumed == consumed_before
+
+
+def test_a_killed_producer_leaves_encoding_to_the_consumer(epd: Epd) -> None:
+    """Last in the module: it stops the shared producer."""
+    images = [image(300 + i) for i in range(6)]
+    expected = [token_ids(epd.mono.chat(chat_request(png))) for png in images]
+    probe = encoder_runs(epd)
+    _, consumed_before = probe()
+    local_before = epd.router.metric("encoderpool_router_media_items_total", encoded="local")
+    got = []
+    for i, png in enumerate(images):
+        if i == 2:
+            epd.producer.stop()
+        got.append(token_ids(post_json(epd.router.url + "/v1/chat/completions", chat_request(png))))
+    assert got == expected
+    _, consumed = probe()
+    assert len(consumed - consumed_before) == 4  # the consumer encoded the items after the kill
+    local = epd.router.metric("encoderpool_router_media_items_total", encoded="local")
+    assert local - local_before == 4
+    assert epd.router.metric("encoderpool_router_errors_total", kind="producer_error") >= 1
