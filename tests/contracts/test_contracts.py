@@ -1,8 +1,22 @@
-"""The shared contracts: identity comparison and fingerprints agree on both sides."""
+"""The shared contracts: identity comparison and fingerprints agree on both sides; the
+announcement keeps its wire form; none of it needs torch or vLLM."""
 
 from __future__ import annotations
 
-from encoderpool_connector.contracts import ConnectorConfig, ModelIdentity
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from encoderpool_connector.contracts import (
+    ANNOUNCE_KEY,
+    Announcement,
+    ConnectorConfig,
+    ModelIdentity,
+    announce,
+    raw_announcement,
+)
 
 OPERATOR = ModelIdentity(
     model="/models/m", dtype="bfloat16", vllm_version="registry/vllm:0.32.0",
@@ -46,3 +60,32 @@ def test_the_connector_config_carries_the_identity_round_trip() -> None:
     assert again == config
     assert again.model_identity is not None
     assert again.model_identity.fingerprint() == again.model_fingerprint
+
+
+def test_the_announcement_keeps_its_wire_form_and_rejects_what_is_not_one() -> None:
+    fp = OPERATOR.fingerprint()
+    item: dict[str, Any] = {"metadata": {}}
+    announce(item, Announcement(fingerprint=fp))
+    assert item == {"metadata": {}, ANNOUNCE_KEY: {"v": 1, "fingerprint": fp}}
+    params = {"h": item, "x": "garbage"}
+    assert Announcement.parse(raw_announcement(params, "h")) == Announcement(fingerprint=fp)
+    assert raw_announcement(params, "x") is None
+    assert raw_announcement(params, "missing") is None
+    assert raw_announcement(None, "h") is None
+    with pytest.raises(ValueError, match="announcement: v"):
+        Announcement.parse({"v": 2, "fingerprint": fp})
+    with pytest.raises(ValueError, match="fingerprint"):
+        Announcement.parse({"v": 1, "fingerprint": "not-hex"})
+    with pytest.raises(ValueError, match="rdma"):
+        Announcement.parse({"v": 1, "fingerprint": fp, "rdma": "\x00garbage"})
+
+
+def test_the_contracts_import_neither_torch_nor_vllm() -> None:
+    """The operator and the router import the contracts without either installed."""
+    code = (
+        "import sys, encoderpool_connector, encoderpool_connector.contracts;"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm', 'kopf'));"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
