@@ -9,17 +9,20 @@ export TRANSFORMERS_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 export VLLM_TARGET_DEVICE := cpu
-export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/connector:$(CURDIR)
+export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/connector:$(CURDIR)/router:$(CURDIR)
 PYTEST_ARGS ?=
+# The static checks that gate the tests (tests/test_checks_gate.py swaps in `false`).
+CHECKS ?= tools/checks.sh
 # e.g. make demo DEMO_ARGS="--transport rdma"
 DEMO_ARGS ?=
 
-.PHONY: help venv cluster-bin lint crds test demo clean-cache
+.PHONY: help venv cluster-bin lint crds test demo demo-local clean-cache
 help:
-	@echo "make demo   - local demo: control plane, operator, a sample EncoderPool, one request answered through the pool"
-	@echo "make test   - everything: lint, types, unit tests, real vLLM, real control plane"
-	@echo "make lint   - ruff + mypy"
-	@echo "make crds   - regenerate crds/ and the chart's generated files from the pydantic models"
+	@echo "make demo       - the pool as users run it: kind, images, the chart, a sample EncoderPool, a request"
+	@echo "make demo-local - the same without Docker: local control plane, pods as local processes"
+	@echo "make test       - everything: lint, types, unit tests, real vLLM, real control plane, kind"
+	@echo "make lint       - ruff, ruff format, mypy (the gate of make test)"
+	@echo "make crds       - regenerate crds/ and the chart's generated files from the pydantic models"
 
 venv:
 	@tools/venv.sh >/dev/null
@@ -28,18 +31,24 @@ cluster-bin:
 	@e2e/cluster/build.sh >/dev/null
 
 lint: venv
-	@V=$$(tools/venv.sh); $$V/bin/ruff check . && $$V/bin/ruff format --check . && $$V/bin/mypy
+	@tools/checks.sh
 
 crds: venv
 	@V=$$(tools/venv.sh); $$V/bin/python -m encoderpool_codegen.crd crds/ && \
 	  $$V/bin/python -m encoderpool_codegen.chart charts/encoderpool-operator
 
+# The checks gate the tests: `&&`, and the recipe shell runs with -e -o pipefail.
 test: venv cluster-bin
-	@V=$$(tools/venv.sh); export ENCODERPOOL_BIN=$$(e2e/cluster/build.sh); \
-	  $$V/bin/ruff check . && $$V/bin/ruff format --check . && $$V/bin/mypy; \
+	@$(CHECKS) && V=$$(tools/venv.sh) && export ENCODERPOOL_BIN=$$(e2e/cluster/build.sh) && \
 	  $$V/bin/python -m pytest $(PYTEST_ARGS)
 
+# Where Docker can run (installed if missing): kind, the images, the chart, a pool, a request.
+# Elsewhere use demo-local.
 demo: venv cluster-bin
+	@V=$$(tools/venv.sh); export ENCODERPOOL_BIN=$$(e2e/cluster/build.sh); \
+	  $$V/bin/python -m e2e.kind.demo $(DEMO_ARGS)
+
+demo-local: venv cluster-bin
 	@V=$$(tools/venv.sh); export ENCODERPOOL_BIN=$$(e2e/cluster/build.sh); \
 	  $$V/bin/python -m e2e.demo $(DEMO_ARGS)
 

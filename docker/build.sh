@@ -9,6 +9,7 @@
 # Env: DOCKER_HOST (tools/dockerd.sh start), ENCODERPOOL_CACHE, VLLM_BASE (online only:
 # a vLLM 0.32.0 image; default vLLM's CPU release image).
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 . "$root/e2e/kind/versions.env"

@@ -8,6 +8,7 @@
 # The host's sysctls are left alone: --ip-forward=false (the host never routes container
 # traffic, which the egress guard forbids anyway), and nothing here writes /proc/sys.
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${ENCODERPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/encoderpool}
 state=$cache/docker

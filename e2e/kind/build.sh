@@ -5,6 +5,7 @@
 #   wrapper module e2e/cluster/build.sh prepares), crictl (cri-tools), coredns, pause (C).
 # Usage: e2e/kind/build.sh   -> prints the bin dir on its last line
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 . "$root/e2e/cluster/versions.env"
@@ -40,7 +41,6 @@ build_node_k8s() {
   : "$cp"
 }
 
-[ -x "$out/kubelet" ] && [ -x "$out/kubeadm" ] && [ -x "$out/kube-proxy" ] || { log "building kubelet, kubeadm, kube-proxy v$K8S_VERSION"; (build_node_k8s); }
 [ -x "$out/kind" ] || { log "building kind v$KIND_VERSION"; GOBIN=$out nice -n 10 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kind@v$KIND_VERSION"; }
 [ -x "$out/crictl" ] || { log "building crictl v$CRICTL_VERSION"; GOBIN=$out nice -n 10 go install -trimpath \
   -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@v$CRICTL_VERSION"; }
@@ -49,5 +49,6 @@ if [ ! -x "$out/pause" ]; then  # the sandbox image's one binary: upstream's pau
   src=$(gomod_dir "k8s.io/kubernetes@v$K8S_VERSION")/build/pause/linux/pause.c
   gcc -Os -static -DVERSION="v$PAUSE_VERSION" -o "$out/pause.tmp" "$src" && strip "$out/pause.tmp" && mv "$out/pause.tmp" "$out/pause"
 fi
+[ -x "$out/kubelet" ] && [ -x "$out/kubeadm" ] && [ -x "$out/kube-proxy" ] || { log "building kubelet, kubeadm, kube-proxy v$K8S_VERSION"; (build_node_k8s); }
 have_all || { log "some binaries are missing from $out"; exit 1; }
 echo "$out"

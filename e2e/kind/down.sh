@@ -2,6 +2,7 @@
 # Delete a kind cluster e2e/kind/up.sh made (by name) and its state folder; images are kept.
 #   e2e/kind/down.sh [name]   (default encoderpool)
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 name=${1:-encoderpool}

@@ -9,6 +9,7 @@
 # Env: KIND_NODE_IMAGE (default: build it offline), DOCKER_HOST (default: tools/dockerd.sh),
 #      KIND (a kind binary; default e2e/kind/build.sh's), ENCODERPOOL_CACHE
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 name=${1:-encoderpool}

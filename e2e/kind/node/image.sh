@@ -11,6 +11,7 @@
 # Usage: e2e/kind/node/image.sh   -> prints the node image's name on its last line
 # Env: DOCKER_HOST (tools/dockerd.sh start), ENCODERPOOL_CACHE
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 . "$root/e2e/cluster/versions.env"

@@ -1,0 +1,187 @@
+"""A sample EncoderPool on kind, as a platform engineer would set it up.
+
+The cluster admin's part: a PersistentVolume holding the model (a hostPath into
+the folder up.sh shares with the node) with its claim in the pool's namespace,
+and a ReadWriteMany volume for the shared-volume cache (one node's hostPath can
+be ReadWriteMany). The user's part: ``examples/pool-*.yaml`` as shipped, with the
+requests sized for a 2-core node and DEBUG logs (the proof a consumer did not
+encode is vLLM's ``Finish execute for mm hash`` line).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.kind.cluster import ROOT, KindCluster, copy_model
+
+MODEL_CLAIM = "tiny-qwen2vl-model"
+MODEL_DIR = "tiny-qwen2vl"
+CACHE_CLASS = "encoderpool-kind-rwx"
+NODE_SHARE = "/var/lib/encoderpool"  # where up.sh mounts the share inside the node
+
+
+def example(name: str) -> dict[str, Any]:
+    """One of the shipped examples, parsed (the EncoderPool document in it)."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "examples" / name).read_text()) if d]
+    return next(copy.deepcopy(d) for d in docs if d.get("kind") == "EncoderPool")
+
+
+def for_kind(pool: dict[str, Any], image: str) -> dict[str, Any]:
+    """The example as the test runs it: our image, requests that fit next to the control
+    plane on 2 cores, DEBUG logs, the shared-volume cache on our RWX class."""
+    spec = pool["spec"]
+    spec["image"] = image
+    spec["imagePullPolicy"] = "IfNotPresent"
+    for role in ("producer", "consumer"):
+        spec[role].setdefault("resources", {})["requests"] = {"cpu": "100m", "memory": "1Gi"}
+    env = [e for e in spec["model"].get("env", []) if e["name"] != "VLLM_LOGGING_LEVEL"]
+    spec["model"]["env"] = [*env, {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]
+    sv = spec["connector"].get("sharedVolume")
+    if sv is not None:
+        sv["storageClassName"] = CACHE_CLASS
+    return pool
+
+
+def rdma(pool: dict[str, Any]) -> dict[str, Any]:
+    """The same pool on the rdma transport: NIXL over UCX on TCP and shared memory between
+    real pods (what a node without an RDMA NIC has), a small registered buffer."""
+    pool["spec"]["connector"] = {
+        "rdma": {"ucxTransports": "tcp,self,sm", "bufferSize": "64Mi", "shmSize": "256Mi"}
+    }
+    return pool
+
+
+def status(kind: KindCluster, namespace: str, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = kind.get("epool", "-n", namespace, name).get("status", {})
+    return out
+
+
+def condition(kind: KindCluster, namespace: str, name: str, type_: str) -> dict[str, Any]:
+    conditions = status(kind, namespace, name).get("conditions", [])
+    return next((c for c in conditions if c["type"] == type_), {})
+
+
+def chat(url: str, body: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+    """POST an OpenAI chat request (through a port-forward) and return the JSON answer."""
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        out: dict[str, Any] = json.load(r)
+        return out
+
+
+def encoded(kind: KindCluster, namespace: str, pool: str, component: str) -> int:
+    """How many media items the pool's <component> pods ran their encoder for (vLLM's DEBUG
+    ``Finish execute for mm hash`` lines in their logs)."""
+    logs = kind.kubectl(
+        "logs",
+        "-n",
+        namespace,
+        "-l",
+        f"app.kubernetes.io/instance={pool},app.kubernetes.io/component={component}",
+        "--tail=-1",
+        check=False,
+    )
+    return logs.count("Finish execute for mm hash")
+
+
+def model_volume(kind: KindCluster, namespace: str, model: Path) -> None:
+    """The model on a read-only PersistentVolume, claimed as ``MODEL_CLAIM`` in ``namespace``."""
+    copy_model(model, kind.share, MODEL_DIR)
+    pv = f"{namespace}-model"
+    kind.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": pv},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "",
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "claimRef": {"namespace": namespace, "name": MODEL_CLAIM},
+                    "hostPath": {"path": f"{NODE_SHARE}/models", "type": "Directory"},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": MODEL_CLAIM, "namespace": namespace},
+                "spec": {
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "",
+                    "volumeName": pv,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        ]
+    )
+
+
+def cache_volume(kind: KindCluster, namespace: str) -> None:
+    """A ReadWriteMany volume of ``CACHE_CLASS`` for one pool's shared-volume cache, owned
+    by the pods' uid/gid 1000 (a hostPath ignores fsGroup)."""
+    host = kind.share / "cache" / namespace
+    host.mkdir(parents=True, exist_ok=True)
+    os.chown(host, 1000, 1000)
+    host.chmod(0o770)
+    kind.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"{namespace}-cache"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": CACHE_CLASS,
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": f"{NODE_SHARE}/cache/{namespace}", "type": "Directory"},
+            },
+        }
+    )
+
+
+def wait_ready(kind: KindCluster, namespace: str, name: str, timeout_s: int = 1200) -> float:
+    """``kubectl wait --for=condition=Ready epool/<name>``; returns the seconds it took."""
+    t0 = time.monotonic()
+    kind.kubectl(
+        "wait",
+        "-n",
+        namespace,
+        "--for=condition=Ready",
+        f"epool/{name}",
+        f"--timeout={timeout_s}s",
+        timeout=timeout_s + 30,
+    )
+    return time.monotonic() - t0
+
+
+def monolithic(kind: KindCluster, namespace: str, pool: str) -> dict[str, Any]:
+    """A monolithic vLLM Deployment: the pool's consumer pod, less the EC connector, so that
+    it serves the same model with the same flags from the same image and volumes."""
+    consumer = kind.get("deployment", "-n", namespace, f"{pool}-consumer")
+    template = consumer["spec"]["template"]
+    labels = {"app.kubernetes.io/name": "mono-vllm", "encoderpool.test/of": pool}
+    template["metadata"] = {"labels": labels}
+    container = template["spec"]["containers"][0]
+    args = container["args"]
+    i = args.index("--ec-transfer-config")
+    container["args"] = args[:i] + args[i + 2 :]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": f"{pool}-mono", "namespace": namespace},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template},
+    }

@@ -1,0 +1,73 @@
+"""An rdma pool on kind: NIXL over UCX (TCP and shared memory) between real pods.
+
+The shared-volume example switched to the rdma transport: producers keep each
+embedding in registered memory and announce it through the router; the consumer
+pod pulls it with a NIXL READ over TCP from the producer pod. Answers equal a
+monolithic vLLM pod's, and the consumer never runs its encoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.kind.cluster import Images, KindCluster, host_sysctls
+from e2e.kind.pool import (
+    chat,
+    encoded,
+    example,
+    for_kind,
+    model_volume,
+    monolithic,
+    rdma,
+    status,
+    wait_ready,
+)
+from e2e.media import chat_request, image, token_ids
+
+pytestmark = pytest.mark.kind
+
+NS = "kind-rdma"
+POOL = "tiny-rdma"
+
+
+@pytest.fixture(scope="module")
+def pool(
+    kind: KindCluster, operator: str, images: Images, tiny_model_dir: Path
+) -> Iterator[dict[str, Any]]:
+    kind.namespace(NS)
+    model_volume(kind, NS, tiny_model_dir)
+    spec = rdma(for_kind(example("pool-shared-volume.yaml"), images.vllm))
+    spec["metadata"] = {"name": POOL, "namespace": NS}
+    kind.apply(spec)
+    yield spec
+    kind.kubectl("delete", "namespace", NS, "--wait=false", check=False)
+
+
+def test_rdma_pool_becomes_ready(kind: KindCluster, pool: dict[str, Any]) -> None:
+    wait_ready(kind, NS, POOL)
+    assert status(kind, NS, POOL)["transport"] == "rdma"
+
+
+def test_rdma_answer_equals_monolithic_and_consumer_did_not_encode(
+    kind: KindCluster, pool: dict[str, Any]
+) -> None:
+    kind.apply(monolithic(kind, NS, POOL))
+    kind.kubectl(
+        "rollout", "status", "-n", NS, f"deployment/{POOL}-mono", "--timeout=600s", timeout=630
+    )
+    bodies = [chat_request(image(10 + i), max_tokens=8) for i in range(3)]
+    with kind.port_forward(NS, f"deployment/{POOL}-mono", 8000) as mono:
+        expected = [token_ids(chat(mono, b)) for b in bodies]
+    with kind.port_forward(NS, f"service/{POOL}", pool["spec"]["router"]["port"]) as router:
+        got = [token_ids(chat(router, b)) for b in bodies]
+    assert got == expected
+    assert encoded(kind, NS, POOL, "producer") >= len(bodies), "the producer never ran its encoder"
+    assert encoded(kind, NS, POOL, "consumer") == 0, "the consumer encoded by itself"
+
+
+def test_rdma_host_sysctls_unchanged(sysctls_before: dict[str, str], pool: dict[str, Any]) -> None:
+    assert host_sysctls() == sysctls_before

@@ -1,0 +1,208 @@
+"""The pool in real containers: chart, operator image, width Job, vLLM pods, router, on kind.
+
+One pool for the module (examples/pool-shared-volume.yaml, the model from a
+PersistentVolumeClaim), driven through its life in order: measured, Ready,
+answering like a monolithic vLLM pod without the consumer encoding, scaled,
+re-measured and rolled on a model change, surviving ``helm upgrade`` and
+``helm uninstall``. Requests reach the router only through a port-forward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.kind.cluster import CHART, OPERATOR_NS, Images, KindCluster, host_sysctls
+from e2e.kind.pool import (
+    cache_volume,
+    chat,
+    condition,
+    encoded,
+    example,
+    for_kind,
+    model_volume,
+    monolithic,
+    status,
+    wait_ready,
+)
+from e2e.media import chat_request, image, token_ids
+from encoderpool_connector.contracts import WidthReport
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.kind
+
+NS = "kind-sv"
+POOL = "tiny"
+
+
+def pool_status(kind: KindCluster) -> dict[str, Any]:
+    return status(kind, NS, POOL)
+
+
+@pytest.fixture(scope="module")
+def pool(
+    kind: KindCluster, operator: str, images: Images, tiny_model_dir: Path
+) -> Iterator[dict[str, Any]]:
+    kind.namespace(NS)
+    model_volume(kind, NS, tiny_model_dir)
+    cache_volume(kind, NS)
+    spec = for_kind(example("pool-shared-volume.yaml"), images.vllm)
+    spec["metadata"] = {"name": POOL, "namespace": NS}
+    kind.apply(spec)
+    yield spec
+    kind.kubectl("delete", "namespace", NS, "--wait=false", check=False)  # free the node
+
+
+def test_width_job_runs_in_a_pod_and_the_report_lands_in_a_configmap(
+    kind: KindCluster, pool: dict[str, Any]
+) -> None:
+    wait_until(
+        "WidthsMeasured=True",
+        lambda: condition(kind, NS, POOL, "WidthsMeasured").get("status") == "True",
+        timeout=900,
+    )
+    status = pool_status(kind)
+    cm = kind.get("configmap", "-n", NS, status["widthReportName"])
+    report = WidthReport.from_configmap_data(cm["data"])
+    assert report.fingerprint == status["modelFingerprint"]
+    assert report.encoder_output_widths["image"] == report.hidden_size
+    jobs = kind.get("jobs", "-n", NS)["items"]
+    assert any(j.get("status", {}).get("succeeded") == 1 for j in jobs), jobs
+
+
+def test_pool_becomes_ready(kind: KindCluster, pool: dict[str, Any]) -> None:
+    seconds = wait_ready(kind, NS, POOL)
+    print(f"Ready {seconds:.0f} s after the report")
+    status = pool_status(kind)
+    assert status["producers"]["ready"] == 1
+    assert status["consumers"]["ready"] == 1
+
+
+def test_answer_equals_monolithic_and_consumer_did_not_encode(
+    kind: KindCluster, pool: dict[str, Any]
+) -> None:
+    kind.apply(monolithic(kind, NS, POOL))
+    kind.kubectl(
+        "rollout", "status", "-n", NS, f"deployment/{POOL}-mono", "--timeout=600s", timeout=630
+    )
+    bodies = [chat_request(image(i), max_tokens=8) for i in range(3)]
+    with kind.port_forward(NS, f"deployment/{POOL}-mono", 8000) as mono:
+        expected = [token_ids(chat(mono, b)) for b in bodies]
+    with kind.port_forward(NS, f"service/{POOL}", pool["spec"]["router"]["port"]) as router:
+        got = [token_ids(chat(router, b)) for b in bodies]
+    assert got == expected
+    assert encoded(kind, NS, POOL, "producer") >= len(bodies), "the producer never ran its encoder"
+    assert encoded(kind, NS, POOL, "consumer") == 0, "the consumer encoded by itself"
+
+
+def test_scale_producers(kind: KindCluster, pool: dict[str, Any]) -> None:
+    kind.kubectl(
+        "patch",
+        "epool",
+        "-n",
+        NS,
+        POOL,
+        "--type=merge",
+        "-p",
+        '{"spec":{"producer":{"replicas":2}}}',
+    )
+    wait_until(
+        "2 producers ready",
+        lambda: (pool_status(kind).get("producers") or {}).get("ready") == 2,
+        timeout=900,
+    )
+    wait_ready(kind, NS, POOL)
+
+
+def test_model_change_measures_first_then_rolls(kind: KindCluster, pool: dict[str, Any]) -> None:
+    before = pool_status(kind)["modelFingerprint"]
+    consumer_before = kind.get("deployment", "-n", NS, f"{POOL}-consumer")
+    kind.kubectl(
+        "patch",
+        "epool",
+        "-n",
+        NS,
+        POOL,
+        "--type=merge",
+        "-p",
+        '{"spec":{"model":{"dtype":"float32"}}}',
+    )
+    # Until the new report exists, the Deployments keep the old configuration.
+    wait_until(
+        "a new fingerprint",
+        lambda: pool_status(kind).get("modelFingerprint") not in (None, before),
+        timeout=120,
+    )
+    now = kind.get("deployment", "-n", NS, f"{POOL}-consumer")
+    if condition(kind, NS, POOL, "WidthsMeasured").get("status") != "True":
+        assert now["spec"]["template"] == consumer_before["spec"]["template"]
+    wait_until(
+        "WidthsMeasured=True for float32",
+        lambda: condition(kind, NS, POOL, "WidthsMeasured").get("status") == "True",
+        timeout=900,
+    )
+    wait_until(
+        "consumer rolled to float32",
+        lambda: (
+            "float32"
+            in kind.get("deployment", "-n", NS, f"{POOL}-consumer")["spec"]["template"]["spec"][
+                "containers"
+            ][0]["args"]
+        ),
+        timeout=120,
+    )
+    wait_ready(kind, NS, POOL)
+
+
+def test_helm_upgrade_keeps_the_pool(
+    kind: KindCluster, pool: dict[str, Any], operator: str
+) -> None:
+    kind.helm(
+        "upgrade",
+        operator,
+        str(CHART),
+        "-n",
+        OPERATOR_NS,
+        "--reuse-values",
+        "--set",
+        "replicaCount=2",
+        "--wait",
+        "--timeout",
+        "5m",
+    )
+    wait_ready(kind, NS, POOL)
+    # The upgraded operator still reconciles: a scale-down reaches the Deployment.
+    kind.kubectl(
+        "patch",
+        "epool",
+        "-n",
+        NS,
+        POOL,
+        "--type=merge",
+        "-p",
+        '{"spec":{"producer":{"replicas":1}}}',
+    )
+    wait_until(
+        "producer Deployment scaled to 1",
+        lambda: kind.get("deployment", "-n", NS, f"{POOL}-producer")["spec"]["replicas"] == 1,
+        timeout=180,
+    )
+
+
+def test_uninstall_keeps_pools_and_crd(
+    kind: KindCluster, pool: dict[str, Any], operator: str, images: Images
+) -> None:
+    kind.helm("uninstall", operator, "-n", OPERATOR_NS, "--wait")
+    time.sleep(2)
+    assert kind.get("crd", "encoderpools.encoderpool.io")["metadata"]["name"]
+    assert kind.get("epool", "-n", NS, POOL)["metadata"]["name"] == POOL
+    # Reinstall for the modules after this one.
+    kind.install_operator(images)
+
+
+def test_host_sysctls_unchanged(sysctls_before: dict[str, str], pool: dict[str, Any]) -> None:
+    assert host_sysctls() == sysctls_before
