@@ -24,7 +24,7 @@ from typing import Any
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
 from e2e.processes import exit_on_sigterm
-from tests.fixtures_operator import report_for, sample_pool
+from tests.operator.fixtures import report_for, sample_pool
 
 NAMESPACE = "scale"
 RESYNC_SECONDS = 20

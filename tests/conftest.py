@@ -15,8 +15,8 @@ from e2e.vllm_server import VllmServer, base_env, ec_transfer_config
 
 # Fixtures by area, one module each, so that parallel work does not collide here.
 pytest_plugins = [
-    "tests.fixtures_cluster",
-    "tests.fixtures_operator",
+    "tests.cluster.fixtures",
+    "tests.operator.fixtures",
     "tests.connector.fixtures",
     "tests.router.fixtures",
     "tests.connector.rdma.fixtures",

@@ -1,11 +1,14 @@
 """Play kubelet for chosen pods: run a pod's container command as a local process.
 
 kwok makes pods Running but runs nothing. When a test needs what a pod would
-do (the width Job's pod measuring a real model and writing a ConfigMap), this
-runs the pod's own command, args and env on this machine, as the pod's own
-ServiceAccount (a TokenRequest token in a kubeconfig, so its RBAC is what is
-tested), and then reports the exit code to kwok, which moves the pod to
-Succeeded or Failed for the Job controller to see.
+do (the width Job's pod measuring a real model), this runs the pod's own
+command, args and env on this machine, with the credentials the pod would
+have: its ServiceAccount's (a TokenRequest token in a kubeconfig, so its RBAC
+is what is tested), or none at all where the pod does not mount a token. The
+container's terminationMessagePath maps to a local file; afterwards the exit
+code and what the file holds (its last 4096 bytes, as a kubelet keeps) go to
+kwok, which moves the pod to Succeeded or Failed with that termination message
+for the Job controller and the operator to see.
 """
 
 from __future__ import annotations
@@ -19,8 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster.runner import EXIT_CODE_ANNOTATION, LocalCluster, write_kubeconfig
+from e2e.cluster.runner import (
+    EXIT_CODE_ANNOTATION,
+    TERMINATION_MESSAGE_LIMIT,
+    LocalCluster,
+    write_kubeconfig,
+)
 from e2e.processes import start_group, stop_group, wait_healthy
+
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+# With FallbackToLogsOnError a kubelet reports the log's tail (80 lines, 2048 bytes).
+FALLBACK_LINES, FALLBACK_BYTES = 80, 2048
 
 
 @dataclass(frozen=True)
@@ -29,6 +41,28 @@ class PodRun:
     argv: list[str]
     returncode: int
     output: str
+    termination_message: str = ""
+
+
+def termination_message(
+    container: dict[str, Any], message_file: Path, returncode: int, output: str
+) -> str:
+    """What a kubelet would report as ``state.terminated.message`` for this container."""
+    text = ""
+    if message_file.exists():
+        with message_file.open("rb") as f:  # the kubelet keeps the file's last bytes
+            f.seek(max(0, message_file.stat().st_size - TERMINATION_MESSAGE_LIMIT))
+            text = f.read().decode(errors="replace")
+    fallback = container.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+    if not text and returncode != 0 and fallback:
+        tail = "\n".join(output.splitlines()[-FALLBACK_LINES:])
+        text = tail.encode()[-FALLBACK_BYTES:].decode(errors="replace")
+    return text
+
+
+def automounts_token(pod: dict[str, Any]) -> bool:
+    """Whether the pod gets a ServiceAccount token (the pod's field; default yes)."""
+    return bool(pod["spec"].get("automountServiceAccountToken", True))
 
 
 def service_account_kubeconfig(
@@ -111,12 +145,18 @@ def run_pods(
         seen.add(name)
         container = pod["spec"]["containers"][0]
         env = local_env(pod, container)
-        sa = pod["spec"].get("serviceAccountName", "default")
-        env["KUBECONFIG"] = str(
-            service_account_kubeconfig(cluster, namespace, sa, workdir / f"{name}.kubeconfig")
-        )
+        if automounts_token(pod):
+            sa = pod["spec"].get("serviceAccountName", "default")
+            env["KUBECONFIG"] = str(
+                service_account_kubeconfig(cluster, namespace, sa, workdir / f"{name}.kubeconfig")
+            )
+        else:  # no token in the pod: no way to the API server here either
+            env.pop("KUBECONFIG", None)
         env.update(extra_env or {})
-        argv = local_argv(container)
+        message_path = container.get("terminationMessagePath", DEFAULT_TERMINATION_MESSAGE_PATH)
+        message_file = workdir / f"{name}.termination-log"
+        message_file.unlink(missing_ok=True)
+        argv = [a.replace(message_path, str(message_file)) for a in local_argv(container)]
         res = subprocess.run(
             argv,
             env=env,
@@ -125,8 +165,10 @@ def run_pods(
             text=True,
             timeout=max(1.0, deadline - time.monotonic()),
         )
-        done.append(PodRun(name, argv, res.returncode, res.stdout + res.stderr))
-        cluster.finish_pod(namespace, name, res.returncode)
+        output = res.stdout + res.stderr
+        message = termination_message(container, message_file, res.returncode, output)
+        done.append(PodRun(name, argv, res.returncode, output, message))
+        cluster.finish_pod(namespace, name, res.returncode, message)
     return done
 
 

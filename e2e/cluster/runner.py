@@ -46,6 +46,9 @@ AUDIT_POLICY = {
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 # Set on a Running pod to end it; see stages/pod-exit.yaml.
 EXIT_CODE_ANNOTATION = "kwok.encoderpool.io/exit-code"
+TERMINATION_MESSAGE_ANNOTATION = "kwok.encoderpool.io/termination-message"
+# What a kubelet keeps of a termination message (the file's last bytes).
+TERMINATION_MESSAGE_LIMIT = 4096
 COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
 
 
@@ -159,9 +162,12 @@ class LocalCluster:
         return self.state / "audit.log"
 
     def audit_events(
-        self, user: str = OPERATOR_USER, namespace: str | None = None, writes_only: bool = True
+        self,
+        user: str | None = OPERATOR_USER,
+        namespace: str | None = None,
+        writes_only: bool = True,
     ) -> list[Any]:
-        """Requests by ``user`` (optionally in ``namespace``) so far, oldest first.
+        """Requests by ``user`` (None: anyone; optionally in ``namespace``) so far, oldest first.
 
         Reads are recorded only for the operator's user and ServiceAccounts.
         """
@@ -174,7 +180,7 @@ class LocalCluster:
                 continue
             if writes_only and event.get("verb") not in WRITE_VERBS:
                 continue
-            if event.get("user", {}).get("username") != user:
+            if user is not None and event.get("user", {}).get("username") != user:
                 continue
             if namespace and event.get("objectRef", {}).get("namespace") != namespace:
                 continue
@@ -282,12 +288,16 @@ class LocalCluster:
         )
         return self
 
-    def finish_pod(self, namespace: str, name: str, exit_code: int) -> None:
-        """Play kubelet for a Job's pod: kwok marks it Succeeded (0) or Failed (other)."""
-        self.kubectl(
-            "annotate", "pod", name, "-n", namespace, "--overwrite",
-            f"{EXIT_CODE_ANNOTATION}={exit_code}",
-        )  # fmt: skip
+    def finish_pod(self, namespace: str, name: str, exit_code: int, message: str = "") -> None:
+        """Play kubelet for a Job's pod: kwok marks it Succeeded (0) or Failed (other).
+
+        ``message`` becomes each container's ``state.terminated.message``, as a
+        kubelet reports what the container left in its terminationMessagePath.
+        """
+        annotations = [f"{EXIT_CODE_ANNOTATION}={exit_code}"]
+        if message:  # one request, so kwok never sees the exit code without the message
+            annotations.insert(0, f"{TERMINATION_MESSAGE_ANNOTATION}={message}")
+        self.kubectl("annotate", "pod", name, "-n", namespace, "--overwrite", *annotations)
 
     def _readyz(self) -> bool:
         for name, proc in self.procs.items():

@@ -128,6 +128,19 @@ class Kube:
         )
         return out
 
+    def merge_patch(
+        self, api_version: str, kind: str, namespace: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """JSON merge patch (RFC 7386); a ``metadata.resourceVersion`` in ``body`` guards it."""
+        out: dict[str, Any] = self.request(
+            "PATCH",
+            path(api_version, kind, namespace, name),
+            body=body,
+            content_type="application/merge-patch+json",
+            kind=kind,
+        )
+        return out
+
     def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any] | None:

@@ -114,25 +114,27 @@ PERMISSIONS: tuple[Permission, ...] = (
         "",
         "configmaps",
         ("get", "create", "patch"),
-        "width reports: read, create the stub the Job fills, add this pool as an owner",
+        "width reports: read, store what the width Job's pod reported, add this pool as an "
+        "owner, count failed attempts",
     ),
     Permission(
         "",
-        "serviceaccounts",
-        ("get", "list", "create", "patch", "delete"),
-        "router and width Job identities; stale width Job ones are listed and deleted",
+        "pods",
+        ("list",),
+        "a finished width Job's pod (by controller-uid): its termination message is the report",
     ),
+    Permission("", "serviceaccounts", ("get", "create", "patch"), "the router's identity"),
     Permission(
         "rbac.authorization.k8s.io",
         "roles",
-        ("get", "list", "create", "patch", "delete"),
-        "router and width Job Roles; stale width Job ones are listed and deleted",
+        ("get", "create", "patch"),
+        "the router's Role (EndpointSlices of its pool)",
     ),
     Permission(
         "rbac.authorization.k8s.io",
         "rolebindings",
-        ("get", "list", "create", "patch", "delete"),
-        "router and width Job RoleBindings; stale width Job ones are listed and deleted",
+        ("get", "create", "patch"),
+        "the router's RoleBinding",
     ),
     # ---- held only to grant them (Kubernetes refuses a Role granting what its writer lacks)
     Permission(
@@ -145,8 +147,7 @@ PERMISSIONS: tuple[Permission, ...] = (
 )
 
 # Held, never exercised by the operator itself: the RBAC test exempts these (and
-# only these) from "every grant is used". The width Job's Role grants configmaps
-# get/patch, which the operator uses itself anyway.
+# only these) from "every grant is used".
 DELEGATED: frozenset[tuple[str, str, str]] = frozenset(
     (p.group, p.resource, v) for p in PERMISSIONS if p.delegated for v in p.verbs
 )

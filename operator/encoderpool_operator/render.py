@@ -44,6 +44,9 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 ANNOTATION_CONFIG_HASH = "encoderpool.io/config-hash"
 MANAGED_BY = "encoderpool-operator"
 PRODUCER, CONSUMER, ROUTER, WIDTH_JOB = "producer", "consumer", "router", "width-job"
+MEASURE_CONTAINER = "measure"
+# Where the width Job's container leaves its report; the kubelet keeps it in the pod's status.
+TERMINATION_LOG = "/dev/termination-log"
 
 
 @dataclass(frozen=True)
@@ -461,15 +464,20 @@ def router_endpoint(pool: EncoderPool) -> str | None:
 # ----------------------------------------------------------------- width Job
 
 
-def width_report_stub(pool: EncoderPool, fingerprint: str) -> dict[str, Any]:
-    """The report's ConfigMap, created empty by the operator so the Job's Role can name it.
+def report_owner_reference(pool: EncoderPool) -> dict[str, Any]:
+    """A pool's reference on a report it uses: an owner, not the controller (reports are shared)."""
+    return {**owner_reference(pool), "controller": False}
+
+
+def width_report_configmap(
+    pool: EncoderPool, fingerprint: str, data: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The report's ConfigMap, written by the operator from what the width Job reported.
 
     It is not controlled by one pool: every pool that uses the report adds
     itself as an owner, and the garbage collector removes it with the last.
     """
-    owner = owner_reference(pool)
-    owner["controller"] = False
-    return {
+    obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
@@ -481,17 +489,20 @@ def width_report_stub(pool: EncoderPool, fingerprint: str) -> dict[str, Any]:
                 "app.kubernetes.io/managed-by": MANAGED_BY,
                 LABEL_FINGERPRINT: fingerprint,
             },
-            "ownerReferences": [owner],
+            "ownerReferences": [report_owner_reference(pool)],
         },
     }
+    if data is not None:
+        obj["data"] = dict(data)
+    return obj
 
 
-def measure_args(identity: ModelIdentity, namespace: str, extra_args: tuple[str, ...]) -> list[str]:
-    """What the width Job runs: measure this identity, apply its report's ConfigMap."""
+def measure_args(identity: ModelIdentity, extra_args: tuple[str, ...]) -> list[str]:
+    """What the width Job runs: measure this identity, leave the report as termination message."""
     args = [
         "-m", "encoderpool_connector.measure",
         "--identity", identity.model_dump_json(),
-        "--configmap-namespace", namespace,
+        "--output-file", TERMINATION_LOG,
     ]  # fmt: skip
     for flag in ("--max-model-len", "--trust-remote-code"):  # what loading the model needs
         for i, arg in enumerate(extra_args):
@@ -504,20 +515,22 @@ def measure_args(identity: ModelIdentity, namespace: str, extra_args: tuple[str,
     return args
 
 
-def width_job_objects(
-    pool: EncoderPool, identity: ModelIdentity, fingerprint: str
-) -> list[dict[str, Any]]:
-    """ServiceAccount, a Role that can write only this report's ConfigMap, and the Job."""
+def width_job(pool: EncoderPool, identity: ModelIdentity, fingerprint: str) -> dict[str, Any]:
+    """The Job measuring ``identity``: no API credentials, its report is its termination message.
+
+    The kubelet keeps what ``measure`` writes to ``TERMINATION_LOG`` (up to 4096
+    bytes) in the pod's status, where the operator reads it; so the Job needs
+    no ServiceAccount token, Role or ConfigMap of its own.
+    """
     spec = pool.spec
     job = spec.width_job
     name = width_job_name(pool, fingerprint)
-    sa_meta = _meta(pool, name, WIDTH_JOB)
     resources = _resources(job.resources) or _resources(spec.producer.resources)
     container: dict[str, Any] = {
-        "name": "measure",
+        "name": MEASURE_CONTAINER,
         "image": job.image or spec.image,
         "command": ["python"],
-        "args": measure_args(identity, pool.namespace, spec.model.extra_args),
+        "args": measure_args(identity, spec.model.extra_args),
         "env": [{"name": e.name, "value": e.value} for e in spec.model.env]
         + [
             {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
@@ -528,15 +541,17 @@ def width_job_objects(
             {"name": "home", "mountPath": "/home/vllm"},
         ],
         "securityContext": copy.deepcopy(_RESTRICTED_CONTAINER),
-        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "terminationMessagePath": TERMINATION_LOG,
+        # The message is the report: never the log tail instead (that is not a report).
+        "terminationMessagePolicy": "File",
     }
     if resources:
         container["resources"] = resources
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
     pod_spec: dict[str, Any] = {
-        "serviceAccountName": name,
         "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # measuring needs no API access
         "containers": [container],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
@@ -555,33 +570,16 @@ def width_job_objects(
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
     job_labels = {**labels(pool, WIDTH_JOB), LABEL_FINGERPRINT: fingerprint}
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": sa_meta},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": sa_meta,
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["configmaps"],
-                    "resourceNames": [configmap_name(fingerprint)],
-                    "verbs": ["get", "patch"],
-                }
-            ],
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {**_meta(pool, name, WIDTH_JOB), "labels": job_labels},
+        "spec": {
+            "backoffLimit": job.backoff_limit,
+            "activeDeadlineSeconds": job.active_deadline_seconds,
+            "template": {"metadata": {"labels": job_labels}, "spec": pod_spec},
         },
-        _role_binding(pool, name, WIDTH_JOB),
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {**_meta(pool, name, WIDTH_JOB), "labels": job_labels},
-            "spec": {
-                "backoffLimit": job.backoff_limit,
-                "activeDeadlineSeconds": job.active_deadline_seconds,
-                "template": {"metadata": {"labels": job_labels}, "spec": pod_spec},
-            },
-        },
-    ]
+    }
 
 
 # -------------------------------------------------------------------- all
@@ -605,3 +603,29 @@ def workload_objects(
     ]
     objects += router_objects(pool, defaults)
     return objects
+
+
+def child_refs(pool: EncoderPool) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of what ``workload_objects`` returns, without a report.
+
+    The reconcile reads these before it knows the report; a test keeps the two in step.
+    """
+    refs = []
+    if cache_claim(pool) is not None:
+        refs.append(("v1", "PersistentVolumeClaim", name_of(pool, "cache")))
+    refs += [
+        ("v1", "Service", name_of(pool, PRODUCER)),
+        ("v1", "Service", name_of(pool, CONSUMER)),
+        ("apps/v1", "Deployment", name_of(pool, PRODUCER)),
+        ("apps/v1", "Deployment", name_of(pool, CONSUMER)),
+    ]
+    if pool.spec.router.enabled:
+        name = name_of(pool, ROUTER)
+        refs += [
+            ("v1", "ServiceAccount", name),
+            ("rbac.authorization.k8s.io/v1", "Role", name),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding", name),
+            ("apps/v1", "Deployment", name),
+            ("v1", "Service", pool.name),
+        ]
+    return refs

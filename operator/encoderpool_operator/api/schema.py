@@ -51,4 +51,3 @@ class ApiModel(BaseModel):
         validate_by_alias=True,
         serialize_by_alias=True,
     )
-

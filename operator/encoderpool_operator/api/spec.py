@@ -463,9 +463,7 @@ class ConnectorSpec(ApiModel):
     """How embeddings travel from producers to consumers: exactly one transport."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel_extra(
-            cel("has(self.sharedVolume) != has(self.rdma)", _ONE_TRANSPORT)
-        )
+        json_schema_extra=cel_extra(cel("has(self.sharedVolume) != has(self.rdma)", _ONE_TRANSPORT))
     )
 
     shared_volume: SharedVolumeSpec | None = Field(

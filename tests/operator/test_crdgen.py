@@ -14,7 +14,7 @@ import yaml
 from encoderpool_codegen import crd as codegen_crd
 from encoderpool_operator import api
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "crds" / codegen_crd.FILENAME
 
 # What pydantic emits and a structural schema must not carry.

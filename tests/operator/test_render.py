@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from encoderpool_connector.contracts import ConnectorConfig
-from encoderpool_router.config import parse_settings
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
-from tests.fixtures_operator import report_for
+from encoderpool_router.config import parse_settings
+from tests.operator.fixtures import report_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULTS = render.Defaults(router_image="example.invalid/encoderpool-operator:test")
 
 
@@ -111,21 +111,31 @@ def test_pods_run_restricted_and_rdma_adds_only_ipc_lock() -> None:
     assert env["ENCODERPOOL_ADVERTISE_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
 
 
-def test_the_width_job_may_write_only_its_own_report() -> None:
+def test_the_width_job_has_no_api_access_and_reports_through_its_termination_message() -> None:
     pool = load("pool-shared-volume.yaml")
     identity = pool.spec.model_identity(pool.spec.image)
-    objs = render.width_job_objects(pool, identity, identity.fingerprint())
-    (role,) = [o for o in objs if o["kind"] == "Role"]
-    assert role["rules"] == [
-        {
-            "apiGroups": [""],
-            "resources": ["configmaps"],
-            "resourceNames": [f"encoderpool-widths-{identity.fingerprint()}"],
-            "verbs": ["get", "patch"],
-        }
-    ]
-    (job,) = [o for o in objs if o["kind"] == "Job"]
-    assert job["spec"]["template"]["spec"]["serviceAccountName"] == role["metadata"]["name"]
+    job = render.width_job(pool, identity, identity.fingerprint())
+    pod = job["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in pod  # no ServiceAccount, Role or RoleBinding of its own
+    (c,) = pod["containers"]
+    assert c["name"] == render.MEASURE_CONTAINER
+    assert c["terminationMessagePath"] == "/dev/termination-log"
+    assert c["terminationMessagePolicy"] == "File"  # the report, never a log tail
+    assert c["args"][c["args"].index("--output-file") + 1] == "/dev/termination-log"
+
+
+def test_child_refs_name_what_the_workload_renders() -> None:
+    """The reconcile reads children by these refs before it knows the report."""
+    for example in ("pool-shared-volume.yaml", "pool-rdma.yaml"):
+        pool = load(example)
+        for router in (True, False):
+            raw = pool.model_dump(by_alias=True, exclude={"status"})
+            raw["spec"]["router"]["enabled"] = router
+            variant = EncoderPool.from_object(raw)
+            rendered = render.workload_objects(variant, report_for(raw), DEFAULTS)
+            refs = [(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in rendered]
+            assert sorted(render.child_refs(variant)) == sorted(refs)
 
 
 def test_pod_template_overrides_merge_over_the_rendered_pod() -> None:
@@ -149,8 +159,7 @@ def test_the_width_job_command_parses_as_measure_and_keys_the_report() -> None:
 
     pool = load("pool-shared-volume.yaml")
     identity = pool.spec.model_identity(pool.spec.image)
-    objs = render.width_job_objects(pool, identity, identity.fingerprint())
-    (job,) = [o for o in objs if o["kind"] == "Job"]
+    job = render.width_job(pool, identity, identity.fingerprint())
     c = job["spec"]["template"]["spec"]["containers"][0]
     assert c["command"] == ["python"]
     assert c["args"][:2] == ["-m", "encoderpool_connector.measure"]
@@ -159,4 +168,4 @@ def test_the_width_job_command_parses_as_measure_and_keys_the_report() -> None:
     assert args.identity.fingerprint() == identity.fingerprint()
     assert args.model == pool.spec.model.name
     assert args.max_model_len == 2048  # carried over from spec.model.extraArgs
-    assert args.configmap_namespace == "ml"
+    assert args.output_file == Path("/dev/termination-log")

@@ -20,9 +20,9 @@ from e2e.cluster.runner import bin_dir
 from encoderpool_codegen import chart, crd
 from encoderpool_operator import rbac
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "encoderpool-operator"
-GOLDEN = REPO / "tests" / "golden" / "chart-default.yaml"
+GOLDEN = Path(__file__).resolve().parent / "golden" / "chart-default.yaml"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 
 
@@ -56,9 +56,7 @@ def by_kind(manifest: str) -> dict[str, dict[str, Any]]:
 
 def test_generated_chart_files_are_in_sync() -> None:
     """values.schema.json, files/rbac.json and the chart's CRD are what the generator writes."""
-    assert chart.main(["--check", str(CHART)]) == 0, (
-        "run: make crds"
-    )
+    assert chart.main(["--check", str(CHART)]) == 0, "run: make crds"
 
 
 def test_the_charts_crd_is_byte_identical_to_the_generated_one() -> None:

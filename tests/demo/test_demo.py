@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.vllm]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

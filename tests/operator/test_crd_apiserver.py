@@ -15,8 +15,8 @@ import yaml
 from e2e.cluster import LocalCluster
 from encoderpool_operator import api
 from encoderpool_operator.conditions import set_condition
-from tests.test_api import BASE, INVALID, SAMPLES, patched
-from tests.test_crdgen import COMMITTED
+from tests.operator.test_api import BASE, INVALID, SAMPLES, patched
+from tests.operator.test_crdgen import COMMITTED
 
 pytestmark = pytest.mark.cluster
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from e2e.operator_process import OperatorProcess
 from encoderpool_connector.contracts import DTYPE_BYTES, WidthReport
 from encoderpool_operator.api import EncoderPool
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "encoderpool.io_encoderpools.yaml"
 
 
@@ -86,18 +85,6 @@ def seed_report(cluster: LocalCluster, namespace: str, report: WidthReport) -> N
 
 def get_json(cluster: LocalCluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json"))
-
-
-def wait_until(what: str, ok: Callable[[], Any], timeout: float = 90.0) -> Any:
-    """Poll ``ok`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = ok()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
 
 
 def condition(pool: dict[str, Any], type_: str) -> dict[str, Any] | None:

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.cluster import LocalCluster
-from tests.fixtures_operator import get_json, sample_pool
-from tests.test_chart import CHART, helm
+from tests.chart.test_chart import CHART, helm
+from tests.operator.fixtures import get_json, sample_pool
 
 pytestmark = pytest.mark.cluster
 

@@ -5,7 +5,7 @@ marks its Deployment's pods Running, nothing runs in them), then run two
 operator replicas as local processes with the chart's own command line and
 env, authenticated as the chart's ServiceAccount (a TokenRequest token, not
 admin). They drive a pool through its life: width Job, Ready, scale, model
-change (stale width objects deleted), failover to the standby, deletion.
+change (stale width Job deleted), failover to the standby, deletion.
 Then the audit log must show no request of that ServiceAccount denied by RBAC,
 and every verb the chart grants must have been used (rbac.DELEGATED excepted).
 """
@@ -34,19 +34,19 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e.cluster import LocalCluster
 from e2e.cluster.kubelet import service_account_kubeconfig
 from encoderpool_operator import rbac
-from tests.fixtures_operator import (
+from tests.chart.test_chart import CHART, documents, helm
+from tests.operator.fixtures import (
     condition,
     get_json,
     report_for,
     sample_pool,
     seed_report,
-    wait_until,
 )
-from tests.test_chart import CHART, documents, helm
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WIDTH_JOB = "app.kubernetes.io/component=width-job"
 DECISION, REASON = "authorization.k8s.io/decision", "authorization.k8s.io/reason"  # audit
 # kopf's log lines when peering lets a replica work, or makes it wait for a higher priority.
@@ -178,7 +178,7 @@ def ready_with(cluster: LocalCluster, ns: str, **status: Any) -> Any:
 
 
 def finish_width_pod(cluster: LocalCluster, ns: str, pool: dict[str, Any], width: int) -> None:
-    """Play the width Job's pod: write its report (as the Job would), then exit 0."""
+    """Play the width Job's pod: exit 0 leaving its report as the termination message."""
     pods = wait_until(
         "the width Job's pod",
         lambda: [
@@ -187,8 +187,8 @@ def finish_width_pod(cluster: LocalCluster, ns: str, pool: dict[str, Any], width
             if p["status"].get("phase") == "Running"
         ],
     )
-    seed_report(cluster, ns, report_for(pool, width=width))
-    cluster.finish_pod(ns, pods[0]["metadata"]["name"], 0)
+    message = report_for(pool, width=width).to_termination_message()
+    cluster.finish_pod(ns, pods[0]["metadata"]["name"], 0, message)
 
 
 def used_permissions(events: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -271,7 +271,7 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
         wait_until("the active replica to work", lambda: working(active))
         wait_until("the standby to wait", lambda: not working(standby))
 
-        # 1. A new model: width Job (its ServiceAccount, Role, RoleBinding), then Ready.
+        # 1. A new model: width Job; its pod's report (read by the operator, stored), then Ready.
         pool = sample_pool()
         cluster.kubectl("apply", "-n", pool_ns, "-f", "-", input=json.dumps(pool))
         finish_width_pod(cluster, pool_ns, pool, width=128)

@@ -6,11 +6,14 @@ import json
 import subprocess
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from e2e.cluster import LocalCluster
+from e2e.cluster.kubelet import run_pods
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -54,15 +57,6 @@ def apply(cluster: LocalCluster, obj: Mapping[str, Any], namespace: str | None =
 
 def get(cluster: LocalCluster, kind: str, name: str, namespace: str) -> Any:
     return json.loads(cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json"))
-
-
-def wait_for(what: str, ok: object, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ok():  # type: ignore[operator]
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_crd_becomes_established_and_its_schema_rejects_bad_objects(
@@ -139,7 +133,7 @@ def _running_pod_of(cluster: LocalCluster, job: str, namespace: str) -> str:
         names[:] = out.split()
         return bool(names)
 
-    wait_for(f"a running pod of job {job}", running)
+    wait_until(f"a running pod of job {job}", running)
     return names[0].removeprefix("pod/")
 
 
@@ -156,6 +150,43 @@ def test_job_ends_as_its_pod_exits(
     cluster.kubectl(
         "wait", f"--for=condition={condition}", "job/work", "-n", namespace, "--timeout=60s"
     )
+
+
+# Writes its argument's file as a container writes its termination log, and says
+# whether it was given credentials; exits with the code it is given.
+_WRITE_MESSAGE = (
+    "import os, sys; open(sys.argv[1], 'w').write('x' * 5000 + os.environ.get('KUBECONFIG', "
+    "'no-credentials')); sys.exit(int(sys.argv[2]))"
+)
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_the_stand_in_kubelet_reports_the_termination_message(
+    cluster: LocalCluster, namespace: str, tmp_path: Path, exit_code: int
+) -> None:
+    job = _job("msg")
+    pod_spec = job["spec"]["template"]["spec"]
+    pod_spec["automountServiceAccountToken"] = False
+    pod_spec["containers"][0].update(
+        command=["python", "-c", _WRITE_MESSAGE],
+        args=["/dev/termination-log", str(exit_code)],
+        terminationMessagePolicy="File",
+    )
+    apply(cluster, job, namespace)
+    (run,) = run_pods(cluster, namespace, "job-name=msg", tmp_path)
+    assert run.returncode == exit_code, run.output
+    expected = ("x" * 5000 + "no-credentials")[-4096:]  # a kubelet keeps the last 4096 bytes
+    assert run.termination_message == expected
+
+    def terminated() -> dict[str, Any] | None:
+        pod = get(cluster, "pod", run.pod, namespace)
+        statuses = pod["status"].get("containerStatuses") or [{}]
+        state = statuses[0].get("state", {}).get("terminated")
+        return dict(state) if state else None
+
+    state = wait_until(f"pod {run.pod} terminated", terminated)
+    assert state["message"] == expected
+    assert state["exitCode"] == (0 if exit_code == 0 else 1)  # kwok's two stages
 
 
 def test_deleting_an_owner_garbage_collects_what_it_owns(
@@ -182,7 +213,7 @@ def test_deleting_an_owner_garbage_collects_what_it_owns(
         out = cluster.kubectl("get", "configmap", "owned", "-n", namespace, check=False)
         return out == ""
 
-    wait_for("the garbage collector to delete the owned ConfigMap", gone)
+    wait_until("the garbage collector to delete the owned ConfigMap", gone)
 
 
 def test_a_service_account_token_gets_only_what_its_role_allows(
@@ -230,7 +261,7 @@ def test_a_claim_of_the_default_class_binds(cluster: LocalCluster, namespace: st
         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
     }
     apply(cluster, claim, namespace)
-    wait_for(
+    wait_until(
         "the claim to bind",
         lambda: get(cluster, "pvc", "data", namespace)["status"].get("phase") == "Bound",
     )

@@ -28,7 +28,7 @@ from encoderpool_operator.api import (
 )
 from encoderpool_operator.conditions import find_condition, ready_condition, set_condition
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((ROOT / "examples").glob("pool-*.yaml"))
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 T1 = T0 + timedelta(minutes=5)

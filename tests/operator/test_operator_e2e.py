@@ -1,6 +1,7 @@
 """The operator with a real width Job: its pod's own command, run as a local process
-as the Job's ServiceAccount, measures the tiny model with vLLM and writes the report
-the operator then reads; the pool becomes Ready on what was measured."""
+with no API credentials (as the pod has none), measures the tiny model with vLLM and
+leaves the report as its termination message; the operator reads it from the pod,
+stores it in the report ConfigMap, and the pool becomes Ready on what was measured."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 
 from e2e.cluster import LocalCluster
 from e2e.cluster.kubelet import run_pods
+from e2e.cluster.runner import OPERATOR_USER
 from e2e.operator_process import OperatorProcess
-from encoderpool_connector.contracts import ConnectorConfig
-from tests.fixtures_operator import condition, get_json, sample_pool, wait_until
+from encoderpool_connector.contracts import ConnectorConfig, WidthReport
+from tests.operator.fixtures import condition, get_json, sample_pool
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.vllm]
 
@@ -36,6 +39,7 @@ def test_a_pool_measures_its_model_for_real_and_becomes_ready(
         extra_env={"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"},
     )
     assert run.returncode == 0, run.output[-4000:]
+    reported = WidthReport.from_termination_message(run.termination_message)
 
     def ready() -> dict[str, object] | None:
         got = get_json(cluster, "encoderpool", "tiny", "-n", namespace)
@@ -50,6 +54,7 @@ def test_a_pool_measures_its_model_for_real_and_becomes_ready(
     assert status["bytesPerToken"] == {"image": 256}  # bf16
     report = get_json(cluster, "configmap", status["widthReportName"], "-n", namespace)
     assert json.loads(report["data"]["report.json"])["max_tokens_per_item"]["image"] > 0
+    assert WidthReport.from_configmap_data(report["data"]) == reported  # what the pod said
     # The pods were rendered with what was measured.
     args = get_json(cluster, "deployment", "tiny-consumer", "-n", namespace)["spec"]["template"][
         "spec"
@@ -58,10 +63,21 @@ def test_a_pool_measures_its_model_for_real_and_becomes_ready(
     config = ConnectorConfig.from_extra_config(extra)
     assert config.encoder_output_widths == {"image": 128}
     assert config.model_fingerprint == status["modelFingerprint"]
-    # The Job wrote the report as its own ServiceAccount, which may write only that ConfigMap.
-    job_sa = f"system:serviceaccount:{namespace}:{run.pod.rsplit('-', 1)[0]}"
-    writes = cluster.audit_events(user=job_sa, namespace=namespace)
-    assert writes, "the width Job wrote nothing as its ServiceAccount"
-    assert {(e["objectRef"]["resource"], e["objectRef"]["name"]) for e in writes} == {
-        ("configmaps", status["widthReportName"])
-    }
+    # The Job has no token and talked to no one; the operator stored the report.
+    pod = get_json(cluster, "pod", run.pod, "-n", namespace)
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    (state,) = pod["status"]["containerStatuses"]
+    assert state["state"]["terminated"]["message"] == run.termination_message
+    by_service_accounts = [
+        e
+        for e in cluster.audit_events(user=None, namespace=namespace, writes_only=False)
+        if e["user"]["username"].startswith("system:serviceaccount:")
+    ]
+    assert by_service_accounts == []
+    (created,) = [
+        e
+        for e in cluster.audit_events(user=None, namespace=namespace)
+        if e["objectRef"].get("resource") == "configmaps" and e["verb"] == "create"
+    ]
+    assert created["user"]["username"] == OPERATOR_USER
+    assert created["objectRef"]["name"] == status["widthReportName"]

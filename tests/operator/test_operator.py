@@ -6,19 +6,20 @@ import json
 import re
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
-from tests.fixtures_operator import (
+from tests.operator.fixtures import (
     condition,
     get_json,
     report_for,
     sample_pool,
     seed_report,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -243,6 +244,52 @@ def test_a_failed_width_job_is_a_condition_and_is_retried(
     seed_report(cluster, namespace, report_for(pool))
     cluster.finish_pod(namespace, retry["metadata"]["name"], 0)
     ready_pool(cluster, namespace)
+
+
+def test_the_width_job_s_termination_message_is_the_report_and_is_checked(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    pool = sample_pool()
+    pool["spec"]["widthJob"] = {"backoffLimit": 0, "activeDeadlineSeconds": 600}
+    apply_pool(cluster, namespace, pool)
+    selector = "app.kubernetes.io/component=width-job"
+
+    def running_pods(not_uid: str = "") -> list[Any]:
+        pods = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+        return [
+            p
+            for p in pods
+            if p["metadata"]["uid"] != not_uid and p["status"].get("phase") == "Running"
+        ]
+
+    # A message that is not a report: the Job succeeded, the measurement did not.
+    first = wait_until("the width Job's pod", running_pods)[0]
+    name = str(first["metadata"]["name"])
+    cluster.finish_pod(namespace, name, 0, "Traceback (most recent call last): ...")
+
+    def invalid() -> dict[str, object] | None:
+        cond = condition(
+            get_json(cluster, "encoderpool", "tiny", "-n", namespace), "WidthsMeasured"
+        )
+        return cond if cond and cond["reason"] == "WidthReportInvalid" else None
+
+    cond = wait_until("WidthsMeasured=False/WidthReportInvalid", invalid)
+    assert cond["status"] == "False"
+    assert name in str(cond["message"])  # names the pod, and what is wrong
+    assert "is not a width report" in str(cond["message"])
+    # After the back-off a new Job runs; its report is the message, stored by the operator.
+    uid = str(first["metadata"]["uid"])
+    retry = wait_until("a second width Job pod", lambda: running_pods(uid), timeout=60)[0]
+    report = report_for(pool)
+    message = report.to_termination_message()
+    cluster.finish_pod(namespace, str(retry["metadata"]["name"]), 0, message)
+    got = ready_pool(cluster, namespace)
+    cm = get_json(cluster, "configmap", report.configmap_name, "-n", namespace)
+    assert cm["data"] == report.to_configmap_data()
+    (owner,) = cm["metadata"]["ownerReferences"]
+    assert (owner["name"], owner["controller"]) == ("tiny", False)
+    assert cm["metadata"]["annotations"]["encoderpool.io/width-job-failures"] == "1"
+    assert got["status"]["encoderOutputWidths"] == {"image": 128}  # type: ignore[index]
 
 
 def test_an_operator_killed_mid_measurement_converges_when_restarted(

@@ -1,0 +1,69 @@
+"""The writes a plan asks for: plain data, so a test can read a plan like a list of commands.
+
+Each names its object in the pool's namespace; ``act`` carries them out in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+
+@dataclass(frozen=True)
+class Apply:
+    """Server-side apply ``obj`` as the operator's field manager (creating it if missing)."""
+
+    obj: dict[str, Any]
+
+    def describe(self) -> str:
+        return f"{self.obj['kind']}/{self.obj['metadata']['name']}"
+
+
+@dataclass(frozen=True)
+class Create:
+    """Create ``obj``; if it appeared meanwhile it is left alone (the next pass sees it)."""
+
+    obj: dict[str, Any]
+
+    def describe(self) -> str:
+        return f"{self.obj['kind']}/{self.obj['metadata']['name']} (created)"
+
+
+@dataclass(frozen=True)
+class MergePatch:
+    """A JSON merge patch; with ``metadata.resourceVersion`` in ``body`` it fails on a race."""
+
+    api_version: str
+    kind: str
+    name: str
+    body: dict[str, Any]
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.kind}/{self.name} ({self.why})"
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Delete with background propagation (owned pods go with it); a missing one is fine."""
+
+    api_version: str
+    kind: str
+    name: str
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.kind}/{self.name} (deleted: {self.why})"
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    """Merge-patch the pool's status subresource with ``body``."""
+
+    body: dict[str, Any]
+
+    def describe(self) -> str:
+        return "status"
+
+
+Action: TypeAlias = Apply | Create | MergePatch | Delete | PatchStatus

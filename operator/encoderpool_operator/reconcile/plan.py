@@ -1,0 +1,207 @@
+"""Plan: a pure function from what was observed (and the spec inside it) to the writes and status.
+
+    widths (reuse the report, take it from the Job, or measure)
+      -> with a report: render the children (pure), apply only those that differ,
+         delete width Jobs of earlier models
+      -> Deployments observed -> conditions -> status, written only when it changed
+
+No I/O and no clock: the same ``Snapshot`` and ``now`` always give the same
+``Plan``, which is what lets tests cover many cases without a cluster, and a
+pass whose children already match plans no action at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from encoderpool_connector.contracts import configmap_name
+from encoderpool_operator import render
+from encoderpool_operator.api import (
+    CONSUMERS_AVAILABLE,
+    PRODUCERS_AVAILABLE,
+    READY,
+    ROUTER_AVAILABLE,
+    ConditionUpdate,
+    EncoderPoolStatus,
+    ReplicaStatus,
+)
+from encoderpool_operator.conditions import ready_condition, set_condition
+from encoderpool_operator.reconcile.actions import Action, Apply, Delete, PatchStatus
+from encoderpool_operator.reconcile.compare import is_subset
+from encoderpool_operator.reconcile.observe import Snapshot, ref_of
+from encoderpool_operator.reconcile.widths import plan_widths
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One pass's decisions: writes in order, the status they lead to, when to look again."""
+
+    actions: tuple[Action, ...]
+    status: EncoderPoolStatus
+    requeue_after: float | None = None  # a Job to wait for or a back-off; None: events will do
+    transitions: tuple[tuple[str, str, str], ...] = ()  # conditions that changed: type, reason, msg
+    warnings: tuple[str, ...] = ()  # for the log: e.g. a report ConfigMap that does not parse
+
+
+def replica_status(deployment: Mapping[str, Any] | None, desired: int) -> ReplicaStatus:
+    st = (deployment or {}).get("status", {})
+    return ReplicaStatus(
+        desired=desired, ready=st.get("readyReplicas", 0), available=st.get("availableReplicas", 0)
+    )
+
+
+def availability(
+    type_: str, what: str, deployment: Mapping[str, Any] | None, desired: int, gen: int | None
+) -> ConditionUpdate:
+    """Available when every desired pod is updated and available (a finished rollout)."""
+    if deployment is None:
+        return ConditionUpdate(
+            type=type_,
+            status="False",
+            reason="NotCreated",
+            message=f"{what} Deployment not created yet",
+            observed_generation=gen,
+        )
+    st = deployment.get("status", {})
+    if st.get("observedGeneration", 0) < deployment["metadata"].get("generation", 0):
+        reason, text, ok = "RollingOut", "rollout not observed yet", False
+    elif st.get("updatedReplicas", 0) < desired:
+        reason, ok = "RollingOut", False
+        text = f"{st.get('updatedReplicas', 0)}/{desired} pods updated"
+    elif st.get("availableReplicas", 0) < desired:
+        reason, ok = "PodsNotReady", False
+        text = f"{st.get('availableReplicas', 0)}/{desired} pods available"
+    else:
+        reason, text, ok = "Available", f"{desired}/{desired} pods available", True
+    return ConditionUpdate(
+        type=type_,
+        status="True" if ok else "False",
+        reason=reason,
+        message=f"{what}: {text}",
+        observed_generation=gen,
+    )
+
+
+def invalid_status(obj: Mapping[str, Any], message: str, now: datetime) -> EncoderPoolStatus:
+    """Status for a pool the operator cannot parse: Ready=False naming the field."""
+    current = current_status(obj)
+    gen = obj.get("metadata", {}).get("generation")
+    update = ConditionUpdate(
+        type=READY,
+        status="False",
+        reason="InvalidSpec",
+        message=message[:32000],
+        observed_generation=gen,
+    )
+    return current.model_copy(
+        update={
+            "conditions": set_condition(current.conditions, update, now),
+            "observed_generation": gen,
+        }
+    )
+
+
+def current_status(obj: Mapping[str, Any]) -> EncoderPoolStatus:
+    try:
+        return EncoderPoolStatus.model_validate(dict(obj.get("status") or {}))
+    except ValidationError:
+        return EncoderPoolStatus()  # foreign or stale fields: start afresh
+
+
+def status_body(status: EncoderPoolStatus) -> dict[str, Any]:
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def status_patch(
+    current: EncoderPoolStatus | Mapping[str, Any], status: EncoderPoolStatus
+) -> dict[str, Any] | None:
+    """The merge patch from ``current`` to ``status``; None when they are equal (no write)."""
+    old = status_body(current) if isinstance(current, EncoderPoolStatus) else dict(current)
+    body = status_body(status)
+    if body == old:
+        return None
+    # A merge patch cannot remove keys by omission: null out what we no longer report.
+    for key in old:
+        body.setdefault(key, None)
+    return body
+
+
+def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
+    """One pass for one pool, decided: see the module docstring."""
+    pool = snap.pool
+    gen = pool.generation
+    widths = plan_widths(snap, defaults.width_retry_seconds, now)
+    actions: list[Action] = list(widths.actions)
+    updates: list[ConditionUpdate] = [widths.condition]
+    status_fields: dict[str, Any] = {
+        "observed_generation": gen,
+        "model_fingerprint": snap.fingerprint,
+        "width_report_name": configmap_name(snap.fingerprint),
+        "router_endpoint": render.router_endpoint(pool),
+    }
+    report = widths.report
+    if report is not None:
+        for child in render.workload_objects(pool, report, defaults):
+            if not is_subset(child, snap.child(ref_of(child))):
+                actions.append(Apply(child))
+        for job in snap.width_jobs:  # their models are not this pool's any more
+            if job["metadata"]["name"] != snap.job_name:
+                actions.append(Delete("batch/v1", "Job", job["metadata"]["name"], "stale model"))
+        status_fields.update(
+            transport=pool.spec.connector.transport,
+            encoder_output_widths=dict(report.encoder_output_widths),
+            bytes_per_token=dict(report.bytes_per_token),
+            hidden_size=report.hidden_size,
+        )
+
+    roles: Sequence[tuple[str, str, str, int]] = [
+        (PRODUCERS_AVAILABLE, "producers", render.PRODUCER, pool.spec.producer.replicas),
+        (CONSUMERS_AVAILABLE, "consumers", render.CONSUMER, pool.spec.consumer.replicas),
+    ]
+    if pool.spec.router.enabled:
+        roles = [*roles, (ROUTER_AVAILABLE, "router", render.ROUTER, pool.spec.router.replicas)]
+    for type_, what, component, desired in roles:
+        dep = snap.deployment(component)
+        status_fields[what] = replica_status(dep, desired)
+        cond = availability(type_, what, dep, desired, gen)
+        if report is None and dep is not None:
+            cond = cond.model_copy(
+                update={
+                    "status": "False",
+                    "reason": "WaitingForWidths",
+                    "message": f"{what}: waiting for the new model's widths",
+                }
+            )
+        # No requeue for a rollout: each Deployment status change is an event that
+        # runs the next pass (and the resync timer catches anything missed).
+        updates.append(cond)
+    if not pool.spec.router.enabled:
+        status_fields["router"] = None
+
+    conditions = pool.status.conditions
+    for update in updates:
+        conditions = set_condition(conditions, update, now)
+    conditions = tuple(
+        c for c in conditions if c.type != ROUTER_AVAILABLE or pool.spec.router.enabled
+    )
+    ready = ready_condition(
+        conditions, router_enabled=pool.spec.router.enabled, observed_generation=gen
+    )
+    conditions = set_condition(conditions, ready, now)
+    new_status = pool.status.model_copy(update={**status_fields, "conditions": conditions})
+    new_status = EncoderPoolStatus.model_validate(new_status.model_dump(by_alias=True))
+
+    old = {c.type: (c.status, c.reason) for c in pool.status.conditions}
+    transitions = tuple(
+        (c.type, c.reason, c.message)
+        for c in new_status.conditions
+        if old.get(c.type) != (c.status, c.reason)
+    )
+    if (patch := status_patch(pool.status, new_status)) is not None:
+        actions.append(PatchStatus(patch))
+    return Plan(tuple(actions), new_status, widths.requeue_after, transitions, widths.warnings)

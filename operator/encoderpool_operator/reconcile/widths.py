@@ -1,0 +1,250 @@
+"""The width report, decided purely: reuse the stored report, take it from the Job, or measure.
+
+    report ConfigMap holds a usable report  -> use it (and own it with the other pools)
+    width Job Complete                      -> its pod's termination message is the report:
+                                               validate it, store it in the ConfigMap
+    width Job Failed, or its message bad    -> WidthsMeasured=False, back off, then rerun
+    otherwise                               -> (re)apply the Job and wait for it
+
+The Job writes nothing to the API server (it has no token): ``measure`` leaves
+the report as its container's termination message, and the operator, which
+reads the Job's pod, stores it. No I/O here: ``observe`` has read the
+ConfigMap, the Jobs and (only when needed) the Job's pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from encoderpool_connector.contracts import ModelIdentity, WidthReport, configmap_name
+from encoderpool_operator import render
+from encoderpool_operator.api import WIDTHS_MEASURED, ConditionUpdate, format_errors
+from encoderpool_operator.reconcile.actions import Action, Apply, Create, Delete, MergePatch
+from encoderpool_operator.reconcile.compare import is_subset
+
+if TYPE_CHECKING:
+    from encoderpool_operator.reconcile.observe import Snapshot
+
+# Failed attempts of the current model's Job, kept on the report ConfigMap so the
+# count survives the Job, which is deleted to retry.
+ANNOTATION_FAILURES = "encoderpool.io/width-job-failures"
+MEASURING_POLL_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class WidthsPlan:
+    """What the widths step decided: the report to render with (None: not yet), and how."""
+
+    report: WidthReport | None
+    condition: ConditionUpdate
+    actions: tuple[Action, ...] = ()
+    requeue_after: float | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def parse_report(
+    cm: Mapping[str, Any] | None, fingerprint: str
+) -> tuple[WidthReport | None, str | None]:
+    """The report stored in ``cm``; else None and why (no why while there is simply none)."""
+    if cm is None or not cm.get("data"):
+        return None, None
+    where = f"ConfigMap {cm['metadata'].get('namespace', '')}/{configmap_name(fingerprint)}"
+    try:
+        report = WidthReport.from_configmap_data(cm["data"])
+    except (ValueError, ValidationError) as e:
+        return None, f"{where} holds no usable width report: {e}"
+    if report.fingerprint != fingerprint:
+        return None, f"{where} reports fingerprint {report.fingerprint}; ignoring it"
+    return report, None
+
+
+def job_state(job: Mapping[str, Any] | None) -> tuple[str, str, str]:
+    """("Absent"|"Running"|"Complete"|"Failed", reason, message) from a Job's conditions."""
+    if job is None:
+        return "Absent", "", ""
+    for cond in job.get("status", {}).get("conditions", []):
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return cond["type"], cond.get("reason", ""), cond.get("message", "")
+    return "Running", "", ""
+
+
+def job_finished_at(job: Mapping[str, Any]) -> datetime | None:
+    for cond in job.get("status", {}).get("conditions", []):
+        if cond.get("type") in ("Complete", "Failed") and cond.get("lastTransitionTime"):
+            return datetime.fromisoformat(cond["lastTransitionTime"].replace("Z", "+00:00"))
+    return None
+
+
+def backoff_seconds(failures: int, base: float = 30.0) -> float:
+    """base, 2x base, 4x base, ... capped at 10 minutes between width Job attempts."""
+    return float(min(600.0, base * 2 ** max(0, failures - 1)))
+
+
+def report_from_pods(
+    job_name: str, pods: tuple[Mapping[str, Any], ...], identity: ModelIdentity
+) -> tuple[WidthReport | None, str]:
+    """The report a succeeded pod of the Job left as its termination message, or what is wrong.
+
+    The message must parse as a ``WidthReport`` of exactly the identity the pool
+    asked for: a report of another model must never key this model's config.
+    """
+    succeeded = [p for p in pods if p.get("status", {}).get("phase") == "Succeeded"]
+    if not succeeded:
+        return None, f"no succeeded pod of Job {job_name} is left to read the report from"
+    pod = succeeded[0]
+    name = pod["metadata"]["name"]
+    statuses = {c.get("name"): c for c in pod["status"].get("containerStatuses", [])}
+    terminated = statuses.get(render.MEASURE_CONTAINER, {}).get("state", {}).get("terminated")
+    message = (terminated or {}).get("message", "")
+    if not message.strip():
+        return None, (
+            f"pod {name} left no termination message (container {render.MEASURE_CONTAINER} "
+            f"writes its report to {render.TERMINATION_LOG})"
+        )
+    try:
+        report = WidthReport.from_termination_message(message)
+    except ValidationError as e:
+        return None, f"the termination message of pod {name} is not a width report: " + (
+            format_errors(e)
+        )
+    want = identity.fingerprint()
+    if report.fingerprint != want or report.identity != identity:
+        return None, (
+            f"pod {name} reported {report.identity.model} with fingerprint {report.fingerprint}, "
+            f"not the pool's model with fingerprint {want}"
+        )
+    return report, ""
+
+
+def _owner_uids(cm: Mapping[str, Any]) -> set[str]:
+    return {ref.get("uid", "") for ref in cm["metadata"].get("ownerReferences", [])}
+
+
+def store_report(
+    snap: Snapshot, data: dict[str, str] | None = None, failures: int | None = None
+) -> Action | None:
+    """The write that puts this pool among the report ConfigMap's owners, with ``data``
+    and/or a failure count; None when the live ConfigMap already has all of it.
+
+    A missing ConfigMap is created (labels, this pool as a non-controller owner);
+    an existing one is merge-patched, guarded by its resourceVersion whenever its
+    owners or data change, so two pools' passes cannot drop each other's owner.
+    """
+    pool, cm = snap.pool, snap.report_cm
+    if cm is None:
+        obj = render.width_report_configmap(pool, snap.fingerprint, data=data)
+        if failures is not None:
+            obj["metadata"]["annotations"] = {ANNOTATION_FAILURES: str(failures)}
+        return Create(obj)
+    meta: dict[str, Any] = {}
+    body: dict[str, Any] = {}
+    if pool.metadata["uid"] not in _owner_uids(cm):
+        meta["ownerReferences"] = [
+            *cm["metadata"].get("ownerReferences", []),
+            render.report_owner_reference(pool),
+        ]
+    if data is not None:
+        body["data"] = data
+    if meta or data is not None:
+        meta["resourceVersion"] = cm["metadata"]["resourceVersion"]
+    if failures is not None:
+        meta["annotations"] = {ANNOTATION_FAILURES: str(failures)}
+    if not meta:
+        return None
+    body["metadata"] = meta
+    why = (
+        "report stored"
+        if data is not None
+        else f"failure {failures} counted"
+        if failures is not None
+        else "owner added"
+    )
+    return MergePatch("v1", "ConfigMap", cm["metadata"]["name"], body, why)
+
+
+def _condition(reason: str, message: str, gen: int | None, ok: bool = False) -> ConditionUpdate:
+    return ConditionUpdate(
+        type=WIDTHS_MEASURED,
+        status="True" if ok else "False",
+        reason=reason,
+        message=message,
+        observed_generation=gen,
+    )
+
+
+def _measured(report: WidthReport, gen: int | None) -> ConditionUpdate:
+    widths = ", ".join(f"{m}: {w}" for m, w in sorted(report.encoder_output_widths.items()))
+    return _condition("Measured", widths, gen, ok=True)
+
+
+def plan_widths(snap: Snapshot, retry_base: float, now: datetime) -> WidthsPlan:
+    """Decide the width report's step for one pass (see the module docstring)."""
+    pool = snap.pool
+    gen = pool.generation
+    report, problem = parse_report(snap.report_cm, snap.fingerprint)
+    warnings = (problem,) if problem else ()
+    if report is not None:
+        adopt = store_report(snap)
+        return WidthsPlan(report, _measured(report, gen), (adopt,) if adopt else (), None, warnings)
+
+    identity = pool.spec.model_identity(pool.spec.image)
+    job, name = snap.job, snap.job_name
+    state, reason, message = job_state(job)
+    if state == "Complete":
+        report, why = report_from_pods(name, snap.job_pods, identity)
+        if report is not None:
+            store = store_report(snap, data=report.to_configmap_data())
+            stored = (store,) if store else ()
+            return WidthsPlan(report, _measured(report, gen), stored, None, warnings)
+        text = f"width Job {name} succeeded, but {why}"
+        return _retry(snap, "WidthReportInvalid", text, now, retry_base, warnings)
+    if state == "Failed":
+        text = f"width Job {name} failed ({reason or 'Failed'}): {message or 'see its pod'}"
+        return _retry(snap, "WidthJobFailed", text, now, retry_base, warnings)
+
+    actions: list[Action] = []
+    if snap.report_cm is not None and (adopt := store_report(snap)):
+        actions.append(adopt)  # a failure count kept there, or another pool's stored report
+    want = render.width_job(pool, identity, snap.fingerprint)
+    if job is None or not is_subset(want, job):
+        actions.append(Apply(want))
+    return WidthsPlan(
+        None,
+        _condition("Measuring", f"width Job {name} is measuring {pool.spec.model.name}", gen),
+        tuple(actions),
+        MEASURING_POLL_SECONDS,
+        warnings,
+    )
+
+
+def _retry(
+    snap: Snapshot,
+    reason: str,
+    text: str,
+    now: datetime,
+    retry_base: float,
+    warnings: tuple[str, ...],
+) -> WidthsPlan:
+    """A failed attempt: wait out the back-off, then count it and delete the Job to rerun it."""
+    gen = snap.pool.generation
+    annotations = (snap.report_cm or {}).get("metadata", {}).get("annotations") or {}
+    failures = int(annotations.get(ANNOTATION_FAILURES, "0"))
+    assert snap.job is not None, "only a finished Job fails"
+    finished = job_finished_at(snap.job) or now
+    wait = backoff_seconds(failures + 1, retry_base) - (now - finished).total_seconds()
+    text = f"{text}; attempt {failures + 1}"
+    if wait > 0:
+        return WidthsPlan(
+            None, _condition(reason, f"{text}, retrying in {wait:.0f}s", gen), (), wait, warnings
+        )
+    count = store_report(snap, failures=failures + 1)
+    assert count is not None, "a new failure count is always a write"
+    retry = Delete("batch/v1", "Job", snap.job_name, "to retry")
+    return WidthsPlan(
+        None, _condition(reason, f"{text}, retrying now", gen), (count, retry), 1.0, warnings
+    )

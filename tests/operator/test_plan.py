@@ -1,0 +1,370 @@
+"""The reconcile's plan, pure: a Snapshot (what observe read) in, actions and status out.
+
+Many cases, no cluster; tests/operator/test_operator.py runs the same passes on
+the real control plane.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from encoderpool_connector.contracts import WidthReport
+from encoderpool_operator import render
+from encoderpool_operator.api import EncoderPool
+from encoderpool_operator.reconcile.actions import (
+    Action,
+    Apply,
+    Create,
+    Delete,
+    MergePatch,
+    PatchStatus,
+)
+from encoderpool_operator.reconcile.observe import Snapshot, ref_of
+from encoderpool_operator.reconcile.plan import Plan, plan
+from encoderpool_operator.reconcile.widths import ANNOTATION_FAILURES, MEASURING_POLL_SECONDS
+from tests.operator.fixtures import report_for
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULTS = render.Defaults(router_image="example.invalid/router:test", width_retry_seconds=30)
+NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
+UID = "pool-uid"
+
+
+def pool_object(**spec: Any) -> dict[str, Any]:
+    obj = yaml.safe_load((REPO / "examples" / "pool-shared-volume.yaml").read_text())
+    obj["metadata"] = {"name": "tiny", "namespace": "ml", "uid": UID, "generation": 3}
+    obj["spec"].update(spec)
+    return dict(obj)
+
+
+def report_of(obj: dict[str, Any]) -> WidthReport:
+    return report_for(obj)
+
+
+def report_cm(
+    report: WidthReport, owners: tuple[str, ...] = (UID,), annotations: dict[str, str] | None = None
+) -> Any:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": report.configmap_name,
+            "namespace": "ml",
+            "resourceVersion": "41",
+            "annotations": annotations or {},
+            "ownerReferences": [{"uid": u, "name": "p", "kind": "EncoderPool"} for u in owners],
+        },
+        "data": report.to_configmap_data(),
+    }
+
+
+def live_children(pool: EncoderPool, report: WidthReport) -> dict[Any, Any]:
+    """Every child as the API server would return it: ours plus server fields, rolled out."""
+    live = {}
+    for obj in render.workload_objects(pool, report, DEFAULTS):
+        got = copy.deepcopy(obj)
+        got["metadata"].update(resourceVersion="7", uid="child-uid", generation=2)
+        if obj["kind"] == "Deployment":
+            n = obj["spec"]["replicas"]
+            got["status"] = {
+                "observedGeneration": 2,
+                "updatedReplicas": n,
+                "readyReplicas": n,
+                "availableReplicas": n,
+            }
+        live[ref_of(obj)] = got
+    return live
+
+
+def snapshot(obj: dict[str, Any], **observed: Any) -> Snapshot:
+    pool = EncoderPool.from_object(obj)
+    fingerprint = pool.spec.model_identity(pool.spec.image).fingerprint()
+    return Snapshot(pool=pool, fingerprint=fingerprint, **observed)
+
+
+def job(pool: EncoderPool, state: str | None, finished: datetime = NOW) -> dict[str, Any]:
+    identity = pool.spec.model_identity(pool.spec.image)
+    out = render.width_job(pool, identity, identity.fingerprint())
+    out["metadata"].update(uid="job-uid", resourceVersion="9")
+    if state is not None:
+        out["status"] = {
+            "conditions": [
+                {
+                    "type": state,
+                    "status": "True",
+                    "reason": "BackoffLimitExceeded" if state == "Failed" else "Completed",
+                    "message": "Job has reached the specified backoff limit",
+                    "lastTransitionTime": finished.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                }
+            ]
+        }
+    return out
+
+
+def pod(message: str | None, phase: str = "Succeeded") -> dict[str, Any]:
+    terminated: dict[str, Any] = {"exitCode": 0, "reason": "Completed"}
+    if message is not None:
+        terminated["message"] = message
+    return {
+        "metadata": {"name": "tiny-width-abc-x1"},
+        "status": {
+            "phase": phase,
+            "containerStatuses": [{"name": "measure", "state": {"terminated": terminated}}],
+        },
+    }
+
+
+def kinds(p: Plan) -> list[str]:
+    return [f"{type(a).__name__} {a.describe()}" for a in p.actions]
+
+
+def writes(p: Plan) -> list[Action]:
+    return [a for a in p.actions if not isinstance(a, PatchStatus)]
+
+
+def condition(p: Plan, type_: str) -> tuple[str, str, str]:
+    (c,) = [c for c in p.status.conditions if c.type == type_]
+    return c.status, c.reason, c.message
+
+
+def settled(obj: dict[str, Any]) -> dict[str, Any]:
+    """The pool with the status a first pass over its measured, rolled-out children wrote."""
+    report = report_of(obj)
+    live = live_children(EncoderPool.from_object(obj), report)
+    first = plan(snapshot(obj, report_cm=report_cm(report), live=live), DEFAULTS, NOW)
+    return {**obj, "status": first.status.model_dump(mode="json", by_alias=True, exclude_none=True)}
+
+
+def test_a_new_model_runs_the_job_and_creates_no_configmap() -> None:
+    obj = pool_object()
+    p = plan(snapshot(obj), DEFAULTS, NOW)
+    (apply_job,) = writes(p)
+    assert isinstance(apply_job, Apply)
+    assert apply_job.obj["kind"] == "Job"
+    assert condition(p, "WidthsMeasured")[:2] == ("False", "Measuring")
+    assert condition(p, "Ready")[0] == "False"
+    assert p.requeue_after == MEASURING_POLL_SECONDS
+    assert isinstance(p.actions[-1], PatchStatus)
+
+
+def test_a_running_job_that_matches_is_left_alone() -> None:
+    obj = pool_object()
+    pool = EncoderPool.from_object(obj)
+    p = plan(snapshot(obj, width_jobs=(job(pool, None),)), DEFAULTS, NOW)
+    assert writes(p) == []
+    assert condition(p, "WidthsMeasured")[1] == "Measuring"
+
+
+def test_a_settled_pool_plans_nothing() -> None:
+    obj = settled(pool_object())
+    report = report_of(obj)
+    pool = EncoderPool.from_object(obj)
+    snap = snapshot(
+        obj,
+        report_cm=report_cm(report),
+        width_jobs=(job(pool, "Complete"),),
+        live=live_children(pool, report),
+    )
+    p = plan(snap, DEFAULTS, NOW + timedelta(minutes=5))
+    assert p.actions == ()
+    assert condition(p, "Ready")[:2] == ("True", "AllAvailable")
+    assert p.requeue_after is None
+
+
+def test_a_hand_edited_child_is_applied_again_and_only_it() -> None:
+    obj = settled(pool_object())
+    report = report_of(obj)
+    pool = EncoderPool.from_object(obj)
+    live = live_children(pool, report)
+    consumer = live[("apps/v1", "Deployment", "tiny-consumer")]
+    consumer["spec"]["template"]["spec"]["containers"][0]["args"][1] = "/models/edited"
+    p = plan(snapshot(obj, report_cm=report_cm(report), live=live), DEFAULTS, NOW)
+    assert kinds(p) == ["Apply Deployment/tiny-consumer"]
+
+
+def test_a_report_of_another_pool_is_adopted_guarded_by_its_resource_version() -> None:
+    obj = pool_object()
+    report = report_of(obj)
+    cm = report_cm(report, owners=("other-pool",))
+    p = plan(snapshot(obj, report_cm=cm), DEFAULTS, NOW)
+    adopt = p.actions[0]
+    assert isinstance(adopt, MergePatch)
+    assert adopt.kind == "ConfigMap"
+    meta = adopt.body["metadata"]
+    assert [r["uid"] for r in meta["ownerReferences"]] == ["other-pool", UID]
+    assert meta["ownerReferences"][1]["controller"] is False  # shared, not controlled
+    assert meta["resourceVersion"] == "41"
+    # Measured: every child is applied (none exists yet).
+    children = render.child_refs(EncoderPool.from_object(obj))
+    assert sum(isinstance(a, Apply) for a in p.actions) == len(children)
+
+
+def test_a_completed_job_s_termination_message_becomes_the_report_configmap() -> None:
+    obj = pool_object()
+    pool = EncoderPool.from_object(obj)
+    report = report_of(obj)
+    snap = snapshot(
+        obj,
+        width_jobs=(job(pool, "Complete"),),
+        job_pods=(pod(None, phase="Failed"), pod(report.to_termination_message())),
+    )
+    p = plan(snap, DEFAULTS, NOW)
+    create = p.actions[0]
+    assert isinstance(create, Create)
+    cm = create.obj
+    assert cm["metadata"]["name"] == report.configmap_name
+    assert WidthReport.from_configmap_data(cm["data"]) == report
+    assert cm["metadata"]["labels"]["encoderpool.io/model-fingerprint"] == report.fingerprint
+    (owner,) = cm["metadata"]["ownerReferences"]
+    assert (owner["uid"], owner["controller"]) == (UID, False)
+    # The same pass renders the workload with what was measured.
+    assert condition(p, "WidthsMeasured")[:2] == ("True", "Measured")
+    applied = {a.describe() for a in p.actions if isinstance(a, Apply)}
+    assert "Deployment/tiny-producer" in applied
+    assert p.requeue_after is None
+
+
+def test_a_report_for_a_configmap_holding_a_failure_count_is_patched_in() -> None:
+    obj = pool_object()
+    pool = EncoderPool.from_object(obj)
+    report = report_of(obj)
+    cm = report_cm(report, annotations={ANNOTATION_FAILURES: "1"})
+    del cm["data"]
+    snap = snapshot(
+        obj,
+        report_cm=cm,
+        width_jobs=(job(pool, "Complete"),),
+        job_pods=(pod(report.to_termination_message()),),
+    )
+    store = plan(snap, DEFAULTS, NOW).actions[0]
+    assert isinstance(store, MergePatch)
+    assert store.body["data"] == report.to_configmap_data()
+    assert store.body["metadata"] == {"resourceVersion": "41"}  # already an owner
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (None, "left no termination message"),
+        ("", "left no termination message"),
+        ("Traceback (most recent call last): ...", "is not a width report: <object>: Invalid JSON"),
+        ('{"version": 1}', "is not a width report: fingerprint: Field required"),
+        ("other-model", "not the pool's model with fingerprint"),
+    ],
+)
+def test_a_bad_termination_message_is_a_condition_and_backs_off(
+    message: str | None, expected: str
+) -> None:
+    obj = pool_object()
+    pool = EncoderPool.from_object(obj)
+    if message == "other-model":
+        other = pool_object(model={**obj["spec"]["model"], "name": "/models/other"})
+        message = report_of(other).to_termination_message()
+    snap = snapshot(obj, width_jobs=(job(pool, "Complete"),), job_pods=(pod(message),))
+    p = plan(snap, DEFAULTS, NOW + timedelta(seconds=10))
+    status, reason, text = condition(p, "WidthsMeasured")
+    assert (status, reason) == ("False", "WidthReportInvalid")
+    assert expected in text
+    assert snap.job_name in text
+    assert "tiny-width-abc-x1" in text  # the pod
+    assert "retrying in 20s" in text
+    assert writes(p) == []
+    assert p.requeue_after == pytest.approx(20)
+
+
+def test_a_completed_job_without_pods_is_a_condition_too() -> None:
+    obj = pool_object()
+    pool = EncoderPool.from_object(obj)
+    p = plan(snapshot(obj, width_jobs=(job(pool, "Complete"),)), DEFAULTS, NOW)
+    assert condition(p, "WidthsMeasured")[1] == "WidthReportInvalid"
+    assert "no succeeded pod" in condition(p, "WidthsMeasured")[2]
+
+
+def test_a_failed_job_waits_out_its_back_off() -> None:
+    obj = pool_object()
+    pool = EncoderPool.from_object(obj)
+    p = plan(snapshot(obj, width_jobs=(job(pool, "Failed"),)), DEFAULTS, NOW)
+    status, reason, text = condition(p, "WidthsMeasured")
+    assert (status, reason) == ("False", "WidthJobFailed")
+    assert "BackoffLimitExceeded" in text
+    assert "attempt 1" in text
+    assert writes(p) == []
+    assert p.requeue_after == 30
+
+
+def test_after_the_back_off_the_failure_is_counted_and_the_job_deleted() -> None:
+    obj = pool_object()
+    pool = EncoderPool.from_object(obj)
+    later = NOW + timedelta(seconds=31)
+    p = plan(snapshot(obj, width_jobs=(job(pool, "Failed", finished=NOW),)), DEFAULTS, later)
+    count, delete = writes(p)
+    # No ConfigMap yet: the count creates it (owned, no data: not a report).
+    assert isinstance(count, Create)
+    assert count.obj["metadata"]["annotations"] == {ANNOTATION_FAILURES: "1"}
+    assert "data" not in count.obj
+    assert delete == Delete("batch/v1", "Job", pool.name + "-width-" + job_suffix(pool), "to retry")
+    assert p.requeue_after == 1.0
+
+
+def test_a_second_failure_doubles_the_back_off_and_patches_the_count() -> None:
+    obj = pool_object()
+    pool = EncoderPool.from_object(obj)
+    cm = report_cm(report_of(obj), annotations={ANNOTATION_FAILURES: "1"})
+    del cm["data"]
+    snap = snapshot(obj, report_cm=cm, width_jobs=(job(pool, "Failed"),))
+    assert plan(snap, DEFAULTS, NOW + timedelta(seconds=31)).requeue_after == pytest.approx(29)
+    p = plan(snap, DEFAULTS, NOW + timedelta(seconds=61))
+    count = writes(p)[0]
+    assert isinstance(count, MergePatch)
+    assert count.body["metadata"]["annotations"] == {ANNOTATION_FAILURES: "2"}
+    assert "attempt 2" in condition(p, "WidthsMeasured")[2]
+
+
+def job_suffix(pool: EncoderPool) -> str:
+    return pool.spec.model_identity(pool.spec.image).fingerprint()[:10]
+
+
+def test_width_jobs_of_earlier_models_are_deleted_once_measured() -> None:
+    obj = settled(pool_object())
+    report = report_of(obj)
+    pool = EncoderPool.from_object(obj)
+    old = job(pool, "Complete")
+    old["metadata"]["name"] = "tiny-width-0123456789"
+    snap = snapshot(
+        obj,
+        report_cm=report_cm(report),
+        width_jobs=(old, job(pool, "Complete")),
+        live=live_children(pool, report),
+    )
+    assert kinds(plan(snap, DEFAULTS, NOW)) == [
+        "Delete Job/tiny-width-0123456789 (deleted: stale model)"
+    ]
+
+
+def test_a_changed_model_measures_before_anything_rolls() -> None:
+    obj = settled(pool_object())
+    report = report_of(obj)
+    pool = EncoderPool.from_object(obj)
+    live = live_children(pool, report)
+    changed = {**obj, "spec": {**obj["spec"], "model": {**obj["spec"]["model"], "name": "/m/x"}}}
+    p = plan(snapshot(changed, report_cm=None, live=live), DEFAULTS, NOW)
+    assert [a.obj["kind"] for a in writes(p) if isinstance(a, Apply)] == ["Job"]
+    assert condition(p, "ProducersAvailable")[1] == "WaitingForWidths"
+    assert condition(p, "Ready")[0] == "False"
+
+
+def test_without_a_router_nothing_of_it_is_planned() -> None:
+    obj = pool_object(router={"enabled": False})
+    report = report_of(obj)
+    p = plan(snapshot(obj, report_cm=report_cm(report)), DEFAULTS, NOW)
+    applied = {a.describe() for a in p.actions if isinstance(a, Apply)}
+    assert not any("router" in a for a in applied)
+    assert p.status.router is None
+    assert p.status.router_endpoint is None
+    assert all(c.type != "RouterAvailable" for c in p.status.conditions)
