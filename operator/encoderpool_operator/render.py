@@ -135,6 +135,23 @@ def config_hash(*parts: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _scheduling(role: RoleSpec) -> dict[str, Any]:
+    """A role's nodeSelector and tolerations, as pod spec fields (none when unset)."""
+    out: dict[str, Any] = {}
+    if role.node_selector:
+        out["nodeSelector"] = dict(role.node_selector)
+    if role.tolerations:
+        out["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in role.tolerations
+        ]
+    return out
+
+
+def _pull_secrets(pool: EncoderPool) -> dict[str, Any]:
+    secrets = pool.spec.image_pull_secrets
+    return {"imagePullSecrets": [{"name": s.name} for s in secrets]} if secrets else {}
+
+
 _RESTRICTED_CONTAINER: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
@@ -281,16 +298,10 @@ def vllm_deployment(pool: EncoderPool, role: str, config: ConnectorConfig) -> di
         "automountServiceAccountToken": False,  # vLLM never talks to the API server
         "enableServiceLinks": False,
     }
-    if role_spec.node_selector:
-        pod_spec["nodeSelector"] = dict(role_spec.node_selector)
-    if role_spec.tolerations:
-        pod_spec["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in role_spec.tolerations
-        ]
+    pod_spec.update(_scheduling(role_spec))
     if role_spec.affinity:
         pod_spec["affinity"] = copy.deepcopy(role_spec.affinity)
-    if spec.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
+    pod_spec.update(_pull_secrets(pool))
     template: dict[str, Any] = {
         "metadata": {
             "labels": labels(pool, role),
@@ -413,8 +424,7 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
         "securityContext": copy.deepcopy(_RESTRICTED_POD),
         "enableServiceLinks": False,
     }
-    if pool.spec.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in pool.spec.image_pull_secrets]
+    pod_spec.update(_pull_secrets(pool))
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": rbac_meta},
         {
@@ -560,15 +570,8 @@ def width_job(pool: EncoderPool, identity: ModelIdentity, fingerprint: str) -> d
         "securityContext": copy.deepcopy(_RESTRICTED_POD),
         "enableServiceLinks": False,
     }
-    producer = spec.producer
-    if producer.node_selector:
-        pod_spec["nodeSelector"] = dict(producer.node_selector)
-    if producer.tolerations:
-        pod_spec["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in producer.tolerations
-        ]
-    if spec.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
+    pod_spec.update(_scheduling(spec.producer))  # it runs the encoder, as producers do
+    pod_spec.update(_pull_secrets(pool))
     job_labels = {**labels(pool, WIDTH_JOB), LABEL_FINGERPRINT: fingerprint}
     return {
         "apiVersion": "batch/v1",

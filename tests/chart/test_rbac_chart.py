@@ -36,9 +36,11 @@ from e2e.cluster.kubelet import service_account_kubeconfig
 from encoderpool_operator import rbac
 from tests.chart.test_chart import CHART, documents, helm
 from tests.operator.fixtures import (
+    WIDTH_JOB_PODS,
     condition,
     get_json,
     report_for,
+    running_width_pods,
     sample_pool,
     seed_report,
 )
@@ -47,7 +49,6 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-WIDTH_JOB = "app.kubernetes.io/component=width-job"
 DECISION, REASON = "authorization.k8s.io/decision", "authorization.k8s.io/reason"  # audit
 # kopf's log lines when peering lets a replica work, or makes it wait for a higher priority.
 RESUMED, PAUSED = "Resuming operations after the pause", "Pausing operations in favour of"
@@ -179,14 +180,7 @@ def ready_with(cluster: LocalCluster, ns: str, **status: Any) -> Any:
 
 def finish_width_pod(cluster: LocalCluster, ns: str, pool: dict[str, Any], width: int) -> None:
     """Play the width Job's pod: exit 0 leaving its report as the termination message."""
-    pods = wait_until(
-        "the width Job's pod",
-        lambda: [
-            p
-            for p in get_json(cluster, "pods", "-n", ns, "-l", WIDTH_JOB)["items"]
-            if p["status"].get("phase") == "Running"
-        ],
-    )
+    pods = wait_until("the width Job's pod", lambda: running_width_pods(cluster, ns))
     message = report_for(pool, width=width).to_termination_message()
     cluster.finish_pod(ns, pods[0]["metadata"]["name"], 0, message)
 
@@ -305,7 +299,7 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
         ready_with(cluster, pool_ns, encoderOutputWidths={"image": 256})
         wait_until(
             "the stale width Job deleted",
-            lambda: get_json(cluster, "jobs", "-n", pool_ns, "-l", WIDTH_JOB)["items"] == [],
+            lambda: get_json(cluster, "jobs", "-n", pool_ns, "-l", WIDTH_JOB_PODS)["items"] == [],
         )
         # 5. Delete: owner references clean up; the operator must not stand in the way.
         cluster.kubectl("delete", "encoderpool", "tiny", "-n", pool_ns, "--timeout=60s")

@@ -87,6 +87,19 @@ def get_json(cluster: LocalCluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json"))
 
 
+WIDTH_JOB_PODS = "app.kubernetes.io/component=width-job"
+
+
+def running_width_pods(cluster: LocalCluster, namespace: str, other_than: str = "") -> list[Any]:
+    """Running pods of the namespace's width Jobs, but the one whose uid is ``other_than``."""
+    pods = get_json(cluster, "pods", "-n", namespace, "-l", WIDTH_JOB_PODS)["items"]
+    return [
+        p
+        for p in pods
+        if p["metadata"]["uid"] != other_than and p["status"].get("phase") == "Running"
+    ]
+
+
 def condition(pool: dict[str, Any], type_: str) -> dict[str, Any] | None:
     for c in pool.get("status", {}).get("conditions", []):
         if c["type"] == type_:

@@ -6,16 +6,17 @@ import json
 import re
 import time
 import urllib.request
-from typing import Any
 
 import pytest
 
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
 from tests.operator.fixtures import (
+    WIDTH_JOB_PODS,
     condition,
     get_json,
     report_for,
+    running_width_pods,
     sample_pool,
     seed_report,
 )
@@ -159,13 +160,8 @@ def test_a_model_change_measures_first_then_rolls_both_roles(
     changed = sample_pool(model="/models/other")
     seed_report(cluster, namespace, report_for(changed, width=256))
     # The width Job's pod ends (its report is in place), which wakes the operator.
-    pod = wait_until(
-        "the width Job's pod",
-        lambda: get_json(
-            cluster, "pods", "-n", namespace, "-l", "app.kubernetes.io/component=width-job"
-        )["items"],
-    )[0]["metadata"]["name"]
-    cluster.finish_pod(namespace, pod, 0)
+    pod = wait_until("the width Job's pod", lambda: running_width_pods(cluster, namespace))[0]
+    cluster.finish_pod(namespace, pod["metadata"]["name"], 0)
 
     def rolled() -> bool:
         got = get_json(cluster, "encoderpool", "tiny", "-n", namespace)
@@ -210,11 +206,7 @@ def test_a_failed_width_job_is_a_condition_and_is_retried(
     pool = sample_pool()
     pool["spec"]["widthJob"] = {"backoffLimit": 0, "activeDeadlineSeconds": 600}
     apply_pool(cluster, namespace, pool)
-    selector = "app.kubernetes.io/component=width-job"
-    first = wait_until(
-        "the width Job's pod",
-        lambda: get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"],
-    )[0]
+    first = wait_until("the width Job's pod", lambda: running_width_pods(cluster, namespace))[0]
     cluster.finish_pod(namespace, first["metadata"]["name"], 1)
 
     def failed() -> dict[str, object] | None:
@@ -231,16 +223,10 @@ def test_a_failed_width_job_is_a_condition_and_is_retried(
     assert ready["status"] == "False"
 
     # After the back-off the Job runs again; this time it measures.
-    def second_pod() -> list[dict[str, object]]:
-        pods = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
-        return [
-            p
-            for p in pods
-            if p["metadata"]["uid"] != first["metadata"]["uid"]
-            and p["status"].get("phase") == "Running"
-        ]
-
-    retry = wait_until("a second width Job pod", second_pod, timeout=60)[0]
+    uid = first["metadata"]["uid"]
+    retry = wait_until(
+        "a second width Job pod", lambda: running_width_pods(cluster, namespace, uid), timeout=60
+    )[0]
     seed_report(cluster, namespace, report_for(pool))
     cluster.finish_pod(namespace, retry["metadata"]["name"], 0)
     ready_pool(cluster, namespace)
@@ -252,18 +238,9 @@ def test_the_width_job_s_termination_message_is_the_report_and_is_checked(
     pool = sample_pool()
     pool["spec"]["widthJob"] = {"backoffLimit": 0, "activeDeadlineSeconds": 600}
     apply_pool(cluster, namespace, pool)
-    selector = "app.kubernetes.io/component=width-job"
-
-    def running_pods(not_uid: str = "") -> list[Any]:
-        pods = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
-        return [
-            p
-            for p in pods
-            if p["metadata"]["uid"] != not_uid and p["status"].get("phase") == "Running"
-        ]
 
     # A message that is not a report: the Job succeeded, the measurement did not.
-    first = wait_until("the width Job's pod", running_pods)[0]
+    first = wait_until("the width Job's pod", lambda: running_width_pods(cluster, namespace))[0]
     name = str(first["metadata"]["name"])
     cluster.finish_pod(namespace, name, 0, "Traceback (most recent call last): ...")
 
@@ -278,8 +255,10 @@ def test_the_width_job_s_termination_message_is_the_report_and_is_checked(
     assert name in str(cond["message"])  # names the pod, and what is wrong
     assert "is not a width report" in str(cond["message"])
     # After the back-off a new Job runs; its report is the message, stored by the operator.
-    uid = str(first["metadata"]["uid"])
-    retry = wait_until("a second width Job pod", lambda: running_pods(uid), timeout=60)[0]
+    uid = first["metadata"]["uid"]
+    retry = wait_until(
+        "a second width Job pod", lambda: running_width_pods(cluster, namespace, uid), timeout=60
+    )[0]
     report = report_for(pool)
     message = report.to_termination_message()
     cluster.finish_pod(namespace, str(retry["metadata"]["name"]), 0, message)
@@ -297,17 +276,13 @@ def test_an_operator_killed_mid_measurement_converges_when_restarted(
 ) -> None:
     pool = sample_pool()
     apply_pool(cluster, namespace, pool)
-    selector = "app.kubernetes.io/component=width-job"
-    pod = wait_until(
-        "the width Job's pod",
-        lambda: get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"],
-    )[0]
+    pod = wait_until("the width Job's pod", lambda: running_width_pods(cluster, namespace))[0]
     operator.stop(kill=True)  # mid-measurement: the Job runs on without it
     seed_report(cluster, namespace, report_for(pool))
     cluster.finish_pod(namespace, pod["metadata"]["name"], 0)
     operator.start()
     got = ready_pool(cluster, namespace)
-    jobs = get_json(cluster, "jobs", "-n", namespace, "-l", selector)["items"]
+    jobs = get_json(cluster, "jobs", "-n", namespace, "-l", WIDTH_JOB_PODS)["items"]
     assert len(jobs) == 1  # the restarted operator adopted the running Job, made no second
     assert got["status"]["encoderOutputWidths"] == {"image": 128}  # type: ignore[index]
 

@@ -30,27 +30,28 @@ class Create:
 
 
 @dataclass(frozen=True)
-class MergePatch:
-    """A JSON merge patch; with ``metadata.resourceVersion`` in ``body`` it fails on a race."""
+class _Named:
+    """An existing object, by name, and why it is written (for the log)."""
 
     api_version: str
     kind: str
     name: str
-    body: dict[str, Any]
     why: str
+
+
+@dataclass(frozen=True)
+class MergePatch(_Named):
+    """A JSON merge patch; with ``metadata.resourceVersion`` in ``body`` it fails on a race."""
+
+    body: dict[str, Any]
 
     def describe(self) -> str:
         return f"{self.kind}/{self.name} ({self.why})"
 
 
 @dataclass(frozen=True)
-class Delete:
+class Delete(_Named):
     """Delete with background propagation (owned pods go with it); a missing one is fine."""
-
-    api_version: str
-    kind: str
-    name: str
-    why: str
 
     def describe(self) -> str:
         return f"{self.kind}/{self.name} (deleted: {self.why})"

@@ -164,7 +164,7 @@ def store_report(
         if failures is not None
         else "owner added"
     )
-    return MergePatch("v1", "ConfigMap", cm["metadata"]["name"], body, why)
+    return MergePatch("v1", "ConfigMap", cm["metadata"]["name"], why=why, body=body)
 
 
 def _condition(reason: str, message: str, gen: int | None, ok: bool = False) -> ConditionUpdate:
