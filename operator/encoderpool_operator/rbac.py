@@ -92,7 +92,7 @@ PERMISSIONS: tuple[Permission, ...] = (
         modes=("namespace",),
         peering_object_only=True,
     ),
-    # ---- children (reconcile.py through kube.Kube): get, then server-side apply, which is a
+    # ---- children (reconcile/ through kube.Kube): get, then server-side apply, which is a
     # patch that creates a missing object: the API server then checks create as well.
     Permission(
         "apps",
