@@ -16,6 +16,12 @@ want=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok he
 
 have_all() { for b in "${want[@]}"; do [ -x "$out/$b" ] || return 1; done; [ -d "$out/kwok-stages" ]; }
 if have_all; then echo "$out"; exit 0; fi
+# One build at a time: a second caller (a parallel test run, the kind build) waits, then
+# finds the binaries built.
+mkdir -p "$cache/bin"
+exec 9>"$cache/bin/.build.lock"
+flock 9
+if have_all; then echo "$out"; exit 0; fi
 
 command -v go >/dev/null || { echo "build.sh: Go is required (https://go.dev/dl), not found on PATH" >&2; exit 1; }
 mkdir -p "$out"
