@@ -103,8 +103,9 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "batch",
         "jobs",
-        ("get", "list", "watch", "create", "patch", "delete"),
-        "width Job; kopf on.event watches it; deleted to retry or when its model is stale",
+        ("list", "watch", "create", "patch", "delete"),
+        "width Jobs: listed by pool (the current one and stale ones); kopf on.event watches "
+        "them; deleted to retry or when their model is stale",
     ),
     Permission("", "services", ("get", "create", "patch"), "producer (headless), consumer, router"),
     Permission(
