@@ -71,13 +71,14 @@ def test_a_pool_measures_its_model_for_real_and_becomes_ready(
     by_service_accounts = [
         e
         for e in cluster.audit_events(user=None, namespace=namespace, writes_only=False)
-        if e["user"]["username"].startswith("system:serviceaccount:")
+        if e["user"]["username"].startswith(f"system:serviceaccount:{namespace}:")
     ]
     assert by_service_accounts == []
     (created,) = [
         e
         for e in cluster.audit_events(user=None, namespace=namespace)
-        if e["objectRef"].get("resource") == "configmaps" and e["verb"] == "create"
+        if e["objectRef"].get("resource") == "configmaps"
+        and e["objectRef"].get("name") == status["widthReportName"]
+        and e["verb"] == "create"
     ]
     assert created["user"]["username"] == OPERATOR_USER
-    assert created["objectRef"]["name"] == status["widthReportName"]
