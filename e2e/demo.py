@@ -56,7 +56,9 @@ def pool_manifest(model: Path, transport: str) -> dict[str, Any]:
     """The sample pool, serving the local model, over the chosen transport."""
     pool = yaml.safe_load((REPO / "examples" / "pool-shared-volume.yaml").read_text())
     pool["metadata"] = {"name": POOL, "namespace": NAMESPACE}
-    pool["spec"]["model"]["name"] = str(model)  # the pods' model path: here, the local build
+    # The pods' model path: here, the local build (the pods run here, not from the claim).
+    pool["spec"]["model"].pop("source", None)
+    pool["spec"]["model"]["name"] = str(model)
     if transport == "rdma":
         # NIXL over UCX on TCP and shared memory: what these machines have instead of a NIC.
         pool["spec"]["connector"] = {

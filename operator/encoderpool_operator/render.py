@@ -25,6 +25,7 @@ from encoderpool_connector.contracts import (
 )
 from encoderpool_operator.api import (
     API_VERSION,
+    HUB_TOKEN_ENV,
     KIND,
     EncoderPool,
     ResourceRequirements,
@@ -147,6 +148,37 @@ def _scheduling(role: RoleSpec) -> dict[str, Any]:
     return out
 
 
+def _model_env(pool: EncoderPool) -> list[dict[str, Any]]:
+    """The user's env, then HF_TOKEN from the hub token's Secret (a reference, never a value)."""
+    model = pool.spec.model
+    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value} for e in model.env]
+    if model.hub_token is not None:
+        ref = model.hub_token.secret_key_ref
+        env.append(
+            {
+                "name": HUB_TOKEN_ENV,
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
+    return env
+
+
+def _model_volume(pool: EncoderPool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The model's claim as a read-only volume and its mount; none without a source."""
+    source = pool.spec.model.source
+    if source is None:
+        return [], []
+    claim = source.persistent_volume_claim
+    mount: dict[str, Any] = {"name": "model", "mountPath": claim.mount_path, "readOnly": True}
+    if claim.sub_path:
+        mount["subPath"] = claim.sub_path
+    volume = {
+        "name": "model",
+        "persistentVolumeClaim": {"claimName": claim.claim_name, "readOnly": True},
+    }
+    return [volume], [mount]
+
+
 def _pull_secrets(pool: EncoderPool) -> dict[str, Any]:
     secrets = pool.spec.image_pull_secrets
     return {"imagePullSecrets": [{"name": s.name} for s in secrets]} if secrets else {}
@@ -190,7 +222,7 @@ def vllm_args(pool: EncoderPool, role: str, config: ConnectorConfig) -> list[str
     spec = pool.spec
     role_spec = spec.producer if role == PRODUCER else spec.consumer
     args = [
-        "serve", spec.model.name,
+        "serve", spec.model.path(),
         "--served-model-name", spec.served_model_name(),
         "--host", "0.0.0.0",
         "--port", str(HTTP_PORT),
@@ -241,7 +273,7 @@ def vllm_deployment(pool: EncoderPool, role: str, config: ConnectorConfig) -> di
     for key in ("requests", "limits"):
         if rdma_resources:
             resources[key] = {**resources.get(key, {}), **rdma_resources}
-    env = [{"name": e.name, "value": e.value} for e in spec.model.env]
+    env = _model_env(pool)
     env += rdma_env
     env += [
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
@@ -260,6 +292,9 @@ def vllm_deployment(pool: EncoderPool, role: str, config: ConnectorConfig) -> di
         {"name": "dshm", "emptyDir": shm},
         {"name": "home", "emptyDir": {}},
     ]
+    model_volumes, model_mounts = _model_volume(pool)
+    volumes += model_volumes
+    mounts += model_mounts
     shared = spec.connector.shared_volume
     if shared is not None:
         claim = shared.existing_claim or name_of(pool, "cache")
@@ -536,19 +571,21 @@ def width_job(pool: EncoderPool, identity: ModelIdentity, fingerprint: str) -> d
     job = spec.width_job
     name = width_job_name(pool, fingerprint)
     resources = _resources(job.resources) or _resources(spec.producer.resources)
+    model_volumes, model_mounts = _model_volume(pool)
     container: dict[str, Any] = {
         "name": MEASURE_CONTAINER,
         "image": job.image or spec.image,
         "command": ["python"],
         "args": measure_args(identity, spec.model.extra_args),
-        "env": [{"name": e.name, "value": e.value} for e in spec.model.env]
-        + [
+        "env": [
+            *_model_env(pool),
             {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
             {"name": "HOME", "value": "/home/vllm"},
         ],
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "home", "mountPath": "/home/vllm"},
+            *model_mounts,
         ],
         "securityContext": copy.deepcopy(_RESTRICTED_CONTAINER),
         "terminationMessagePath": TERMINATION_LOG,
@@ -566,6 +603,7 @@ def width_job(pool: EncoderPool, identity: ModelIdentity, fingerprint: str) -> d
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             {"name": "home", "emptyDir": {}},
+            *model_volumes,
         ],
         "securityContext": copy.deepcopy(_RESTRICTED_POD),
         "enableServiceLinks": False,

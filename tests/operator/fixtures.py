@@ -48,10 +48,15 @@ def operator(
 
 
 def sample_pool(name: str = "tiny", model: str = "/models/tiny-qwen2vl") -> dict[str, Any]:
-    """examples/pool-shared-volume.yaml with another name and model path."""
+    """examples/pool-shared-volume.yaml with another name, the model at a path of its own.
+
+    The local cluster's pods run as local processes: they read the model from a path
+    here, not from the example's PersistentVolumeClaim, so the source goes.
+    """
     pool = yaml.safe_load((REPO / "examples" / "pool-shared-volume.yaml").read_text())
     pool = copy.deepcopy(pool)
     pool["metadata"] = {"name": name}
+    pool["spec"]["model"].pop("source", None)
     pool["spec"]["model"]["name"] = model
     return dict(pool)
 

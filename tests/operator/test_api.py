@@ -48,6 +48,10 @@ BASE: dict[str, Any] = {
 }
 
 
+# A model on a PersistentVolumeClaim (spec.model.source).
+CLAIM = {"persistentVolumeClaim": {"claimName": "models"}}
+
+
 def patched(patch: dict[str, Any], base: dict[str, Any] = BASE) -> dict[str, Any]:
     """JSON merge patch (RFC 7386): maps merge, None deletes, anything else replaces."""
     out = copy.deepcopy(base)
@@ -191,6 +195,62 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
         "too-many-args",
         {"spec": {"model": {"extraArgs": ["--enforce-eager"] * 65}}},
         "spec.model.extraArgs",
+        "",
+    ),
+    (
+        "absolute-model-path-with-a-claim",
+        {"spec": {"model": {"source": CLAIM}}},  # BASE's name is /models/tiny
+        "spec.model",
+        "relative path inside the volume",
+    ),
+    (
+        "model-path-escapes-its-claim",
+        {"spec": {"model": {"name": "tiny/../../etc", "source": CLAIM}}},
+        "spec.model",
+        "no '.' or '..' segments",
+    ),
+    (
+        "model-path-is-the-claim-s-parent",
+        {"spec": {"model": {"name": "..", "source": CLAIM}}},
+        "spec.model",
+        "relative path inside the volume",
+    ),
+    (
+        "sub-path-escapes-its-claim",
+        {
+            "spec": {
+                "model": {
+                    "name": "tiny",
+                    "source": {"persistentVolumeClaim": {"claimName": "m", "subPath": "../x"}},
+                }
+            }
+        },
+        "spec.model.source.persistentVolumeClaim.subPath",
+        "relative path inside the volume",
+    ),
+    (
+        "hub-token-and-hf-token-env",
+        {
+            "spec": {
+                "model": {
+                    "hubToken": {"secretKeyRef": {"name": "hf", "key": "token"}},
+                    "env": [{"name": "HF_TOKEN", "value": "hf_literal"}],
+                }
+            }
+        },
+        "spec.model",
+        "HF_TOKEN is set from hubToken",
+    ),
+    (
+        "hub-token-as-a-literal",
+        {"spec": {"model": {"hubToken": {"value": "hf_literal"}}}},
+        "spec.model.hubToken",
+        "",
+    ),
+    (
+        "hub-token-secret-name",
+        {"spec": {"model": {"hubToken": {"secretKeyRef": {"name": "Not_A_Name", "key": "t"}}}}},
+        "spec.model.hubToken.secretKeyRef.name",
         "",
     ),
 ]

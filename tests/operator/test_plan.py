@@ -264,7 +264,7 @@ def test_a_bad_termination_message_is_a_condition_and_backs_off(
     obj = pool_object()
     pool = EncoderPool.from_object(obj)
     if message == "other-model":
-        other = pool_object(model={**obj["spec"]["model"], "name": "/models/other"})
+        other = pool_object(model={**obj["spec"]["model"], "name": "other"})
         message = report_of(other).to_termination_message()
     snap = snapshot(obj, width_jobs=(job(pool, "Complete"),), job_pods=(pod(message),))
     p = plan(snap, DEFAULTS, NOW + timedelta(seconds=10))
@@ -352,7 +352,7 @@ def test_a_changed_model_measures_before_anything_rolls() -> None:
     report = report_of(obj)
     pool = EncoderPool.from_object(obj)
     live = live_children(pool, report)
-    changed = {**obj, "spec": {**obj["spec"], "model": {**obj["spec"]["model"], "name": "/m/x"}}}
+    changed = {**obj, "spec": {**obj["spec"], "model": {**obj["spec"]["model"], "name": "x"}}}
     p = plan(snapshot(changed, report_cm=None, live=live), DEFAULTS, NOW)
     assert [a.obj["kind"] for a in writes(p) if isinstance(a, Apply)] == ["Job"]
     assert condition(p, "ProducersAvailable")[1] == "WaitingForWidths"

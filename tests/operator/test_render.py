@@ -166,6 +166,92 @@ def test_the_width_job_command_parses_as_measure_and_keys_the_report() -> None:
     args = parse_args(c["args"][2:])
     assert args.identity == identity
     assert args.identity.fingerprint() == identity.fingerprint()
-    assert args.model == pool.spec.model.name
+    assert args.model == pool.spec.model.path()
     assert args.max_model_len == 2048  # carried over from spec.model.extraArgs
     assert args.output_file == Path("/dev/termination-log")
+
+
+def _pods(objs: dict[str, dict[str, Any]], job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Producer, consumer and width Job pod specs, by role."""
+    return {
+        "producer": objs["Deployment/pool-producer"]["spec"]["template"]["spec"],
+        "consumer": objs["Deployment/pool-consumer"]["spec"]["template"]["spec"],
+        "job": job["spec"]["template"]["spec"],
+    }
+
+
+def _width_job(pool: EncoderPool) -> dict[str, Any]:
+    identity = pool.spec.model_identity(pool.spec.image)
+    return render.width_job(pool, identity, identity.fingerprint())
+
+
+@pytest.mark.parametrize("example", ["pool-shared-volume.yaml", "pool-rdma.yaml"])
+def test_a_model_on_a_claim_is_mounted_read_only_where_vllm_loads_it(example: str) -> None:
+    pool = load(example)
+    assert pool.spec.model.source is not None
+    assert pool.spec.model.path() == "/models/tiny-qwen2vl-model/tiny-qwen2vl"
+    job = _width_job(pool)
+    for role, pod in _pods(children(pool), job).items():
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "model"]
+        assert volume["persistentVolumeClaim"] == {
+            "claimName": "tiny-qwen2vl-model",
+            "readOnly": True,
+        }, role
+        (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model"]
+        assert mount == {
+            "name": "model",
+            "mountPath": "/models/tiny-qwen2vl-model",
+            "readOnly": True,
+        }
+    for role in ("producer", "consumer"):
+        args = container(children(pool), f"pool-{role}")["args"]
+        assert args[:2] == ["serve", "/models/tiny-qwen2vl-model/tiny-qwen2vl"]
+    # The Job measures (and fingerprints) exactly what the pods load.
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    identity = json.loads(c["args"][c["args"].index("--identity") + 1])
+    assert identity["model"] == "/models/tiny-qwen2vl-model/tiny-qwen2vl"
+
+
+def _with_model(example: str, **model: Any) -> EncoderPool:
+    raw = load(example).model_dump(by_alias=True, exclude={"status"}, exclude_none=True)
+    raw["spec"]["model"].update(model)
+    return EncoderPool.from_object(raw)
+
+
+def test_a_sub_path_of_the_claim_is_what_is_mounted() -> None:
+    source = {"persistentVolumeClaim": {"claimName": "models", "subPath": "team-a/vision"}}
+    pool = _with_model("pool-shared-volume.yaml", source=source, name="qwen2-vl")
+    mount = next(
+        m
+        for m in container(children(pool), "pool-producer")["volumeMounts"]
+        if m["name"] == "model"
+    )
+    assert mount == {
+        "name": "model",
+        "mountPath": "/models/models",
+        "readOnly": True,
+        "subPath": "team-a/vision",
+    }
+    assert pool.spec.model.path() == "/models/models/qwen2-vl"
+
+
+def test_without_a_source_no_model_volume_is_rendered() -> None:
+    pool = _with_model("pool-rdma.yaml", source=None, name="Qwen/Qwen2-VL-7B-Instruct")
+    for pod in _pods(children(pool), _width_job(pool)).values():
+        assert all(v["name"] != "model" for v in pod["volumes"])
+    assert container(children(pool), "pool-consumer")["args"][1] == "Qwen/Qwen2-VL-7B-Instruct"
+
+
+def test_the_hub_token_reaches_every_vllm_container_as_a_secret_reference() -> None:
+    token = {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    pool = _with_model("pool-rdma.yaml", source=None, name="org/gated-model", hubToken=token)
+    for role, pod in _pods(children(pool), _width_job(pool)).items():
+        env = [e for e in pod["containers"][0]["env"] if e["name"] == "HF_TOKEN"]
+        assert env == [
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+            }
+        ], role
+    router = container(children(pool), "pool-router")
+    assert all(e["name"] != "HF_TOKEN" for e in router.get("env", []))  # it never loads a model

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
 from encoderpool_connector.contracts import (
     ConnectorConfig,
@@ -31,6 +31,8 @@ from encoderpool_operator.api.schema import (
 )
 
 DEFAULT_MOUNT_PATH = "/var/cache/encoderpool"
+# A model's PersistentVolumeClaim is mounted read-only at <MODEL_MOUNT_ROOT>/<claimName>.
+MODEL_MOUNT_ROOT = "/models"
 DEFAULT_UCX_TRANSPORTS = "rc,sm,self"
 
 # DNS-1123 subdomain (object names such as PVCs, Secrets).
@@ -65,16 +67,124 @@ class LocalObjectReference(ApiModel):
     )
 
 
+# A path inside a volume: segments separated by single '/', none of them '.' or '..',
+# so it can never leave the volume it is joined to.
+RELATIVE_PATH_PATTERN = r"^[^/]+(/[^/]+)*$"
+DOT_SEGMENT_PATTERN = r"(^|/)[.][.]?(/|$)"
+_RELATIVE_PATH = "a relative path inside the volume (no leading '/', no '.' or '..' segments)"
+
+
+def _inside(value: str) -> str:
+    if not re.match(RELATIVE_PATH_PATTERN, value) or re.search(DOT_SEGMENT_PATTERN, value):
+        raise ValueError(f"{value!r} must be {_RELATIVE_PATH}")
+    return value
+
+
+def _inside_rule(expr: str) -> str:
+    """CEL: ``expr`` is a relative path that stays inside its volume."""
+    return f"{expr}.matches('{RELATIVE_PATH_PATTERN}') && !{expr}.matches('{DOT_SEGMENT_PATTERN}')"
+
+
+class PersistentVolumeClaimSource(ApiModel):
+    """Model files on a PersistentVolumeClaim in the pool's namespace, mounted read-only."""
+
+    claim_name: str = Field(
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        min_length=1,
+        max_length=253,
+        description="Name of the PVC. It is mounted read-only at /models/<claimName> in "
+        "producers, consumers and the width Job; pods on several nodes need a ReadOnlyMany "
+        "or ReadWriteMany claim.",
+    )
+    sub_path: Annotated[str, AfterValidator(_inside)] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="A folder inside the claim to mount at /models/<claimName> instead of "
+        "the claim's root; " + _RELATIVE_PATH + ".",
+        json_schema_extra=cel_extra(cel(_inside_rule("self"), "subPath must be " + _RELATIVE_PATH)),
+    )
+
+    @property
+    def mount_path(self) -> str:
+        return f"{MODEL_MOUNT_ROOT}/{self.claim_name}"
+
+
+class ModelSource(ApiModel):
+    """Where the pods find the model files, instead of the image or the hub."""
+
+    persistent_volume_claim: PersistentVolumeClaimSource = Field(
+        description="A PVC holding the model files; spec.model.name is then the model's "
+        "folder inside it."
+    )
+
+
+class SecretKeySelector(ApiModel):
+    """One key of a Secret in the pool's namespace."""
+
+    name: str = Field(
+        pattern=DNS_SUBDOMAIN_PATTERN, min_length=1, max_length=253, description="Secret name."
+    )
+    key: str = Field(
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        min_length=1,
+        max_length=253,
+        description="Key in the Secret's data.",
+    )
+
+
+class HubToken(ApiModel):
+    """A Hugging Face token, by reference: the pool holds where it is, never its value."""
+
+    secret_key_ref: SecretKeySelector = Field(
+        description="The Secret key holding the token; it becomes HF_TOKEN in producers, "
+        "consumers and the width Job (valueFrom.secretKeyRef)."
+    )
+
+
+HUB_TOKEN_ENV = "HF_TOKEN"  # noqa: S105 (the variable's name; its value comes from a Secret)
+_NAME_IN_SOURCE = (
+    "with source, name is the model's folder inside the claim: " + _RELATIVE_PATH + ", "
+    "e.g. tiny-qwen2vl for /models/<claimName>/tiny-qwen2vl"
+)
+_TOKEN_IN_ENV = f"{HUB_TOKEN_ENV} is set from hubToken: remove it from env"
+
+
 class ModelSpec(ApiModel):
     """The multimodal model every producer and consumer serves, and how vLLM serves it."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_extra(
+            cel(
+                "!has(self.source) || (" + _inside_rule("self.name") + ")", _NAME_IN_SOURCE, ".name"
+            ),
+            cel(
+                f"!has(self.hubToken) || !has(self.env) || "
+                f"!self.env.exists(e, e.name == '{HUB_TOKEN_ENV}')",
+                _TOKEN_IN_ENV,
+                ".env",
+            ),
+        )
+    )
 
     name: str = Field(
         min_length=1,
         max_length=512,
         pattern=r"^\S+$",
         description="Model to serve, as given to `vllm serve`: a Hugging Face id "
-        "(Qwen/Qwen2-VL-2B-Instruct) or an absolute path inside the pod. Changing it "
-        "re-measures encoder widths before the pods roll.",
+        "(Qwen/Qwen2-VL-2B-Instruct) or an absolute path inside the pod; with source, the "
+        "model's folder inside the claim (tiny-qwen2vl). Changing it re-measures encoder "
+        "widths before the pods roll.",
+    )
+    source: ModelSource | None = Field(
+        default=None,
+        description="Model files on a PersistentVolumeClaim, mounted read-only at "
+        "/models/<claimName>; omit to load name from the image or the hub.",
+    )
+    hub_token: HubToken | None = Field(
+        default=None,
+        description="Hugging Face token for gated or private hub models, from a Secret "
+        "(HF_TOKEN in the pods); never a literal in the pool.",
     )
     revision: str | None = Field(
         default=None,
@@ -144,6 +254,23 @@ class ModelSpec(ApiModel):
         if duplicates:
             raise ValueError(f"duplicate env names {duplicates}: give each name once")
         return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelSpec:
+        if self.source is not None:
+            try:
+                _inside(self.name)
+            except ValueError:
+                raise ValueError(f"name {self.name!r}: {_NAME_IN_SOURCE}") from None
+        if self.hub_token is not None and any(e.name == HUB_TOKEN_ENV for e in self.env):
+            raise ValueError(f"env: {_TOKEN_IN_ENV}")
+        return self
+
+    def path(self) -> str:
+        """What vLLM loads: name itself, or with a source, name inside the claim's mount."""
+        if self.source is None:
+            return self.name
+        return f"{self.source.persistent_volume_claim.mount_path}/{self.name}"
 
 
 class ResourceRequirements(ApiModel):
@@ -565,7 +692,7 @@ class EncoderPoolSpec(ApiModel):
     def model_identity(self, vllm_version: str) -> ModelIdentity:
         """The identity whose fingerprint keys the width report (producers run the encoder)."""
         return ModelIdentity(
-            model=self.model.name,
+            model=self.model.path(),
             revision=self.model.revision or "",
             dtype=self.model.dtype,
             tensor_parallel_size=self.producer.tensor_parallel_size,
