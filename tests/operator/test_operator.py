@@ -6,6 +6,7 @@ import json
 import re
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -200,13 +201,19 @@ def test_a_deleted_pool_leaves_nothing_behind(
     wait_until("every child (and the width report) to be garbage-collected", empty)
 
 
-def test_a_failed_width_job_is_a_condition_and_is_retried(
-    cluster: LocalCluster, namespace: str, operator: OperatorProcess
-) -> None:
+def one_try_pool(cluster: LocalCluster, namespace: str) -> tuple[dict[str, Any], Any]:
+    """The sample pool, its width Job allowed one pod, applied: (the pool, that pod)."""
     pool = sample_pool()
     pool["spec"]["widthJob"] = {"backoffLimit": 0, "activeDeadlineSeconds": 600}
     apply_pool(cluster, namespace, pool)
     first = wait_until("the width Job's pod", lambda: running_width_pods(cluster, namespace))[0]
+    return pool, first
+
+
+def test_a_failed_width_job_is_a_condition_and_is_retried(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    pool, first = one_try_pool(cluster, namespace)
     cluster.finish_pod(namespace, first["metadata"]["name"], 1)
 
     def failed() -> dict[str, object] | None:
@@ -235,12 +242,8 @@ def test_a_failed_width_job_is_a_condition_and_is_retried(
 def test_the_width_job_s_termination_message_is_the_report_and_is_checked(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    pool = sample_pool()
-    pool["spec"]["widthJob"] = {"backoffLimit": 0, "activeDeadlineSeconds": 600}
-    apply_pool(cluster, namespace, pool)
-
+    pool, first = one_try_pool(cluster, namespace)
     # A message that is not a report: the Job succeeded, the measurement did not.
-    first = wait_until("the width Job's pod", lambda: running_width_pods(cluster, namespace))[0]
     name = str(first["metadata"]["name"])
     cluster.finish_pod(namespace, name, 0, "Traceback (most recent call last): ...")
 
