@@ -2,7 +2,8 @@
 # Build what a kind cluster needs that is not a container image, from the Go module proxy,
 # into a versioned cache outside the repo (a second run costs nothing):
 #   kind (sigs.k8s.io/kind), kubelet, kubeadm, kube-proxy (k8s.io/kubernetes, the same
-#   wrapper module e2e/cluster/build.sh prepares), crictl (cri-tools), coredns, pause (C).
+#   wrapper module e2e/cluster/build.sh prepares), crictl (cri-tools), coredns, pause (C),
+#   registry (distribution: the local registry the node pulls our images from).
 # Usage: e2e/kind/build.sh   -> prints the bin dir on its last line
 set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) stops the script too
@@ -11,8 +12,8 @@ root=$(cd "$here/../.." && pwd)
 . "$root/e2e/cluster/versions.env"
 . "$here/versions.env"
 cache=${ENCODERPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/encoderpool}
-out="$cache/bin/kind-$KIND_VERSION-k8s-$K8S_VERSION-crictl-$CRICTL_VERSION-coredns-$COREDNS_VERSION-pause-$PAUSE_VERSION"
-want=(kind kubelet kubeadm kube-proxy crictl coredns pause)
+out="$cache/bin/kind-$KIND_VERSION-k8s-$K8S_VERSION-crictl-$CRICTL_VERSION-coredns-$COREDNS_VERSION-pause-$PAUSE_VERSION-registry-$REGISTRY_VERSION"
+want=(kind kubelet kubeadm kube-proxy crictl coredns pause registry)
 have_all() { for b in "${want[@]}"; do [ -x "$out/$b" ] || return 1; done; }
 if have_all; then echo "$out"; exit 0; fi
 log() { echo "kind/build.sh: $*" >&2; }
@@ -45,6 +46,7 @@ build_node_k8s() {
 [ -x "$out/crictl" ] || { log "building crictl v$CRICTL_VERSION"; GOBIN=$out nice -n 10 go install -trimpath \
   -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v$CRICTL_VERSION" "sigs.k8s.io/cri-tools/cmd/crictl@v$CRICTL_VERSION"; }
 [ -x "$out/coredns" ] || { log "building coredns v$COREDNS_VERSION"; GOBIN=$out nice -n 10 go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@v$COREDNS_VERSION"; }
+[ -x "$out/registry" ] || { log "building registry v$REGISTRY_VERSION"; GOBIN=$out nice -n 10 go install -trimpath -ldflags "-s -w" "github.com/distribution/distribution/v3/cmd/registry@v$REGISTRY_VERSION"; }
 if [ ! -x "$out/pause" ]; then  # the sandbox image's one binary: upstream's pause.c, static
   src=$(gomod_dir "k8s.io/kubernetes@v$K8S_VERSION")/build/pause/linux/pause.c
   gcc -Os -static -DVERSION="v$PAUSE_VERSION" -o "$out/pause.tmp" "$src" && strip "$out/pause.tmp" && mv "$out/pause.tmp" "$out/pause"

@@ -2,9 +2,10 @@
 
 Everything goes through the same scripts a person runs: ``tools/dockerd.sh`` (our
 own engine, egress guard first), ``docker/build.sh`` (images, offline, cached by
-content), ``e2e/kind/up.sh`` / ``down.sh``, then ``kind load``, ``helm`` and
-``kubectl`` against the cluster's API on 127.0.0.1. Nothing here talks to a pod
-or Service IP: requests reach pods through ``kubectl port-forward`` only.
+content), ``e2e/kind/up.sh`` / ``down.sh``, ``docker push`` to the cluster's
+registry, ``helm`` and ``kubectl`` against the cluster's API on 127.0.0.1. Nothing
+here talks to a pod or Service IP: requests reach pods through ``kubectl
+port-forward`` only.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,9 +127,9 @@ class KindCluster:
     name: str
     kubeconfig: Path
     share: Path
+    registry: str
     env: dict[str, str]
     bin: Path
-    loaded: set[str] = field(default_factory=set)
 
     @classmethod
     def up(cls, name: str, engine: Engine, bin_dir: Path) -> KindCluster:
@@ -138,7 +138,14 @@ class KindCluster:
         if out.get("PATH_PREFIX"):
             env["PATH"] = out["PATH_PREFIX"] + os.pathsep + env["PATH"]
         env["KUBECONFIG"] = out["KUBECONFIG"]
-        return cls(name, Path(out["KUBECONFIG"]), Path(out["KIND_SHARE"]), env, bin_dir)
+        return cls(
+            name,
+            Path(out["KUBECONFIG"]),
+            Path(out["KIND_SHARE"]),
+            out["KIND_REGISTRY"],
+            env,
+            bin_dir,
+        )
 
     def down(self) -> None:
         run([KIND_DIR / "down.sh", self.name], env=self.env, check=False)
@@ -149,14 +156,18 @@ class KindCluster:
         )
         return run([kind, *args], env=self.env, timeout=timeout).stdout
 
-    def load(self, image: str) -> float:
-        """``kind load docker-image`` (once per image); returns the seconds it took."""
-        if image in self.loaded:
-            return 0.0
-        t0 = time.monotonic()
-        self.kind("load", "docker-image", "--name", self.name, image, timeout=1800)
-        self.loaded.add(image)
-        return time.monotonic() - t0
+    def push(self, image: str) -> str:
+        """Push a local image to the cluster's registry; returns the name pods pull. Only
+        layers the registry lacks are sent, and the node pulls only layers it lacks."""
+        ref = f"{self.registry}/{image.split('/', 1)[1]}"
+        run(["docker", "tag", image, ref], env=self.env)
+        run(["docker", "push", ref], env=self.env, timeout=3600)
+        return ref
+
+    def push_images(self, images: Images) -> Images:
+        return Images(
+            base=images.base, operator=self.push(images.operator), vllm=self.push(images.vllm)
+        )
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 600

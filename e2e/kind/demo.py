@@ -72,9 +72,9 @@ def main(argv: list[str]) -> int:
         with stage("2/7 kind cluster (node image assembled offline, cached)"):
             kind = KindCluster.up("encoderpool-demo", engine, bin_dir())
             say("  kubeconfig", str(kind.kubeconfig))
-        with stage("3/7 kind load docker-image"):
-            for img in (images.operator, images.vllm):
-                say("  loaded", f"{img} in {kind.load(img):.0f}s")
+        with stage("3/7 docker push to the cluster's registry (only new layers move)"):
+            images = kind.push_images(images)
+            say("  pods pull", f"{images.operator}, {images.vllm}")
         with stage("4/7 helm install charts/encoderpool-operator"):
             kind.install_operator(images)
         with stage("5/7 the model on a PersistentVolumeClaim, the sample EncoderPool"):

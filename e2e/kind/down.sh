@@ -11,5 +11,7 @@ if [ -z "${DOCKER_HOST:-}" ] && ! docker version >/dev/null 2>&1; then DOCKER_HO
 kind=${KIND:-$("$here/build.sh")/kind}
 state=$cache/kind/clusters/$name
 "$kind" delete cluster --name "$name" --kubeconfig "$state/kubeconfig" >&2
+# The last cluster gone: stop the registry too (its data stays in the cache).
+[ -n "$("$kind" get clusters 2>/dev/null)" ] || docker rm -f encoderpool-registry >/dev/null 2>&1 || true
 # The node wrote into the shared folder as root: remove it the same way.
 rm -rf "$state"

@@ -440,6 +440,9 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
         ],
         "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
         "securityContext": {**copy.deepcopy(_RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},
+        # Importing the router takes ~30 s on a busy 2-core node (seen on kind): without a
+        # startup probe, liveness killed it before it listened. Liveness starts after this.
+        "startupProbe": _http_probe(period=2, failures=90),
         "readinessProbe": _http_probe(period=5, failures=3),
         "livenessProbe": _http_probe(period=15, failures=4),
     }

@@ -9,6 +9,7 @@ A failing test prints the pods, events and logs of its namespaces.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,21 +34,24 @@ def engine(sysctls_before: dict[str, str]) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="session")
-def images(engine: Engine) -> Images:
-    import os
-
+def built_images(engine: Engine) -> Images:
+    """The images, built (or found cached by content) in our engine."""
     return Images.build({**os.environ, "DOCKER_HOST": engine.host})
 
 
 @pytest.fixture(scope="session")
-def kind(engine: Engine, images: Images) -> Iterator[KindCluster]:
+def kind(engine: Engine) -> Iterator[KindCluster]:
     cluster = KindCluster.up("encoderpool-test", engine, bin_dir())
     try:
-        for image in (images.operator, images.vllm):
-            print(f"kind load {image}: {cluster.load(image):.0f} s")
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture(scope="session")
+def images(kind: KindCluster, built_images: Images) -> Images:
+    """The images as pods name them: pushed to the cluster's registry."""
+    return kind.push_images(built_images)
 
 
 @pytest.fixture(scope="session")

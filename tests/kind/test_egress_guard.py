@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from e2e.kind.cluster import ROOT, Engine, Images, run
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kind
 
@@ -67,6 +68,14 @@ def outside() -> Iterator[str]:
         run([*ip, "netns", "del", ns], check=False)
 
 
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
 def rejected_packets() -> int:
     out = run(["iptables", "-w", "-L", "DOCKER-USER", "-v", "-x", "-n"]).stdout
     return sum(int(line.split()[0]) for line in out.splitlines() if "REJECT" in line)
@@ -92,13 +101,14 @@ def test_the_guard_is_in_place(engine: Engine) -> None:
     run([ROOT / "tools" / "egress-guard.sh", "--check"])
 
 
-def test_no_container_reaches_outside(engine: Engine, images: Images, outside: str) -> None:
-    # The address is live: the host itself gets an answer.
-    with urllib.request.urlopen(f"http://{OUTSIDE_IP}:{PORT}/", timeout=5) as r:
-        assert r.status == 200
-    assert probe(engine, images.base) != "connected"
+def test_no_container_reaches_outside(engine: Engine, built_images: Images, outside: str) -> None:
+    # The address is live: the host itself gets an answer (once the listener is up).
+    wait_until(
+        "the outside listener answers the host", lambda: answers(f"http://{OUTSIDE_IP}:{PORT}/")
+    )
+    assert probe(engine, built_images.base) != "connected"
     before = rejected_packets()
     with host_forwarding():
-        answer = probe(engine, images.base)
+        answer = probe(engine, built_images.base)
     assert answer == "errno 101", answer  # ENETUNREACH: the guard's icmp-net-unreachable
     assert rejected_packets() > before

@@ -25,13 +25,15 @@ pkgs=systemd,systemd-sysv,conntrack,iptables,nftables,iproute2,ethtool,util-linu
 t0=$(date +%s)
 
 # 1. kind's base files + our patch
-overlay_key=$( { echo "$KIND_VERSION"; cat "$here/kind-base-files.patch"; } | sha256sum | cut -c1-12)
+overlay_key=$( { echo "$KIND_VERSION exec-bits"; cat "$here/kind-base-files.patch"; } | sha256sum | cut -c1-12)
 overlay=$work/overlay-$overlay_key
 if [ ! -d "$overlay" ]; then
   src=$(GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kind@v$KIND_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["Dir"])')
   rm -rf "$overlay.tmp"; mkdir -p "$overlay.tmp"
   cp -a "$src/images/base/files/." "$overlay.tmp/"; chmod -R u+w "$overlay.tmp"
   (cd "$overlay.tmp" && patch -p1 --no-backup-if-mismatch -s < "$here/kind-base-files.patch")
+  # files from the module cache are read-only, without exec bits
+  chmod 0755 "$overlay.tmp/usr/local/bin/entrypoint" "$overlay.tmp/kind" "$overlay.tmp/kind/bin" "$overlay.tmp"/kind/bin/*.sh
   mv "$overlay.tmp" "$overlay"
 fi
 
@@ -55,7 +57,7 @@ if [ ! -f "$rootfs" ]; then
   mv "${rootfs%.tar}.tmp.tar" "$rootfs"  # the name ends in .tar: mmdebstrap picks its output format by it
 fi
 # end rootfs
-base=encoderpool.local/kind-base:$rootfs_key
+base=encoderpool.local/kind-base:$rootfs_key-$overlay_key
 if ! docker image inspect "$base" >/dev/null 2>&1; then
   docker import --change 'ENV container=docker' --change 'ENTRYPOINT ["/usr/local/bin/entrypoint","/sbin/init"]' \
     "$rootfs" "$base-import" >/dev/null
