@@ -112,6 +112,15 @@ if ! have "$operator_image"; then
   build "$operator_image" "$here/operator.Dockerfile" "$(context operator "$wheels")" \
     --build-arg "PYTHON_BASE=$py_base" "${pip_args[@]}"
 fi
+# Keep only the current tag of each image (a new source gives a new tag; each vLLM tag
+# is a thin layer on the shared base, but the engine's data would still grow).
+prune() {  # repository keep
+  docker images --format '{{.Repository}}:{{.Tag}}' "$1" | grep -vxF "$2" | xargs -r docker rmi >/dev/null 2>&1 || true
+}
+prune encoderpool.local/vllm-cpu "$vllm_image"
+prune encoderpool.local/encoderpool-operator "$operator_image"
+[ $online = 0 ] && prune encoderpool.local/vllm-cpu-base "$vllm_base"
+docker image prune -f >/dev/null 2>&1 || true
 echo "BASE_IMAGE=$py_base"
 echo "OPERATOR_IMAGE=$operator_image"
 echo "VLLM_IMAGE=$vllm_image"

@@ -162,6 +162,11 @@ class KindCluster:
         ref = f"{self.registry}/{image.split('/', 1)[1]}"
         run(["docker", "tag", image, ref], env=self.env)
         run(["docker", "push", ref], env=self.env, timeout=3600)
+        repo = ref.rsplit(":", 1)[0]
+        tags = run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", repo], env=self.env)
+        stale = [t for t in tags.stdout.split() if t != ref]
+        if stale:  # older pushes of this repository: untag them locally
+            run(["docker", "rmi", *stale], env=self.env, check=False)
         return ref
 
     def push_images(self, images: Images) -> Images:

@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from e2e.cluster.runner import bin_dir
+from e2e.demo import say, stage
 from e2e.kind.cluster import Engine, Images, KindCluster
 from e2e.kind.pool import (
     cache_volume,
@@ -35,19 +33,6 @@ from e2e.processes import exit_on_sigterm
 from e2e.tiny_model import ensure_tiny_model
 
 NAMESPACE = "demo"
-T0 = time.monotonic()
-
-
-def say(step: str, text: str = "") -> None:
-    print(f"[{time.monotonic() - T0:7.1f}s] {step}{(': ' + text) if text else ''}", flush=True)
-
-
-@contextmanager
-def stage(step: str) -> Iterator[None]:
-    start = time.monotonic()
-    say(step, "...")
-    yield
-    say(step, f"done in {time.monotonic() - start:.1f}s")
 
 
 def main(argv: list[str]) -> int:

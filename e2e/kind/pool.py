@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from e2e.kind.cluster import ROOT, KindCluster, copy_model
+from e2e.media import token_ids
 
 MODEL_CLAIM = "tiny-qwen2vl-model"
 MODEL_DIR = "tiny-qwen2vl"
@@ -166,6 +167,24 @@ def wait_ready(kind: KindCluster, namespace: str, name: str, timeout_s: int = 12
         timeout=timeout_s + 30,
     )
     return time.monotonic() - t0
+
+
+def token_ids_pool_and_monolithic(
+    kind: KindCluster, namespace: str, pool: dict[str, Any], bodies: list[dict[str, Any]]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The greedy token ids of ``bodies`` answered through the pool's router, and by a
+    monolithic vLLM pod (``monolithic``) started for the comparison."""
+    name = pool["metadata"]["name"]
+    kind.apply(monolithic(kind, namespace, name))
+    kind.kubectl(
+        "rollout", "status", "-n", namespace, f"deployment/{name}-mono", "--timeout=600s",
+        timeout=630,
+    )  # fmt: skip
+    with kind.port_forward(namespace, f"deployment/{name}-mono", 8000) as mono:
+        expected = [token_ids(chat(mono, b)) for b in bodies]
+    with kind.port_forward(namespace, f"service/{name}", pool["spec"]["router"]["port"]) as url:
+        got = [token_ids(chat(url, b)) for b in bodies]
+    return got, expected
 
 
 def monolithic(kind: KindCluster, namespace: str, pool: str) -> dict[str, Any]:

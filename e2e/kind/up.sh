@@ -36,6 +36,13 @@ state=$cache/kind/clusters/$name; share=$state/share; kubeconfig=$state/kubeconf
 mkdir -p "$share"
 sed -e "s|NODE_IMAGE|$node_image|" -e "s|SHARE_DIR|$share|" -e "s|REGISTRY_PORT|$reg_port|" \
   -e "s|REGISTRY_NAME|$reg_name|" "$here/cluster.yaml" > "$state/cluster.yaml"
+# A cluster left by an earlier run whose node is not running (the engine restarted) is
+# deleted and made anew, not reused.
+if "$kind" get clusters 2>/dev/null | grep -qx "$name" &&
+   [ "$(docker inspect -f '{{.State.Running}}' "$name-control-plane" 2>/dev/null)" != true ]; then
+  step "cluster $name is left over and not running: deleting it"
+  "$kind" delete cluster --name "$name" >&2
+fi
 if ! "$kind" get clusters 2>/dev/null | grep -qx "$name"; then
   step "creating cluster $name ($node_image)"
   "$kind" create cluster --name "$name" --config "$state/cluster.yaml" --kubeconfig "$kubeconfig" --wait 5m >&2

@@ -19,17 +19,16 @@ import pytest
 from e2e.kind.cluster import CHART, OPERATOR_NS, Images, KindCluster, host_sysctls
 from e2e.kind.pool import (
     cache_volume,
-    chat,
     condition,
     encoded,
     example,
     for_kind,
     model_volume,
-    monolithic,
     status,
+    token_ids_pool_and_monolithic,
     wait_ready,
 )
-from e2e.media import chat_request, image, token_ids
+from e2e.media import chat_request, image
 from encoderpool_connector.contracts import WidthReport
 from tests.waiting import wait_until
 
@@ -85,15 +84,8 @@ def test_pool_becomes_ready(kind: KindCluster, pool: dict[str, Any]) -> None:
 def test_answer_equals_monolithic_and_consumer_did_not_encode(
     kind: KindCluster, pool: dict[str, Any]
 ) -> None:
-    kind.apply(monolithic(kind, NS, POOL))
-    kind.kubectl(
-        "rollout", "status", "-n", NS, f"deployment/{POOL}-mono", "--timeout=600s", timeout=630
-    )
     bodies = [chat_request(image(i), max_tokens=8) for i in range(3)]
-    with kind.port_forward(NS, f"deployment/{POOL}-mono", 8000) as mono:
-        expected = [token_ids(chat(mono, b)) for b in bodies]
-    with kind.port_forward(NS, f"service/{POOL}", pool["spec"]["router"]["port"]) as router:
-        got = [token_ids(chat(router, b)) for b in bodies]
+    got, expected = token_ids_pool_and_monolithic(kind, NS, pool, bodies)
     assert got == expected
     assert encoded(kind, NS, POOL, "producer") >= len(bodies), "the producer never ran its encoder"
     assert encoded(kind, NS, POOL, "consumer") == 0, "the consumer encoded by itself"

@@ -126,4 +126,5 @@ docker exec "$c" sh -c 'rm -rf /tmp/* /run/containerd'
 docker commit --change 'ENTRYPOINT [ "/usr/local/bin/entrypoint", "/sbin/init" ]' \
   --change 'ENV HTTP_PROXY="" HTTPS_PROXY="" NO_PROXY=""' "$c" "$node_image" >/dev/null
 log "built $node_image in $(( $(date +%s) - t0 )) s"
+docker images --format '{{.Repository}}:{{.Tag}}' encoderpool.local/kind-node | grep -vxF "$node_image" | xargs -r docker rmi >/dev/null 2>&1 || true
 echo "$node_image"
