@@ -150,12 +150,6 @@ class KindCluster:
     def down(self) -> None:
         run([KIND_DIR / "down.sh", self.name], env=self.env, check=False)
 
-    def kind(self, *args: str, timeout: float = 900) -> str:
-        kind = self.env.get("KIND") or str(
-            Path(run([KIND_DIR / "build.sh"]).stdout.split()[-1]) / "kind"
-        )
-        return run([kind, *args], env=self.env, timeout=timeout).stdout
-
     def push(self, image: str) -> str:
         """Push a local image to the cluster's registry; returns the name pods pull. Only
         layers the registry lacks are sent, and the node pulls only layers it lacks."""
