@@ -185,7 +185,7 @@ def test_the_watcher_lists_watches_relists_on_410_and_survives_api_errors() -> N
             task = asyncio.create_task(w.run())
             try:
                 await async_wait_until("the list", lambda: target.urls == ["http://127.0.0.1:8000"])
-                assert api.watches == ["10"]
+                await async_wait_until("the first watch", lambda: api.watches == ["10"])
                 b = eps("b", [("127.0.0.3", True)], version="11")
                 await api.events.put({"type": "ADDED", "object": b})
                 await async_wait_until("ADDED", lambda: len(target) == 2)
