@@ -64,6 +64,11 @@ if [ "$(docker inspect -f '{{.State.Running}}' "$reg_name" 2>/dev/null)" != true
     -v "$cache/kind/registry:/var/lib/registry" "$reg_image" >/dev/null
   step "registry $reg_name on 127.0.0.1:$reg_port (data in $cache/kind/registry)"
 fi
+# Pushes right after a start met a registry not yet listening ("EOF"): wait for /v2/.
+for _ in $(seq 1 60); do
+  python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$reg_port/v2/', timeout=2)" 2>/dev/null && break
+  sleep 0.5
+done
 step "cluster $name ready in $(( $(date +%s) - t0 )) s"
 echo "KUBECONFIG=$kubeconfig"
 echo "KIND_CLUSTER=$name"
