@@ -154,6 +154,13 @@ def cache_volume(kind: KindCluster, namespace: str) -> None:
     )
 
 
+def patch_spec(kind: KindCluster, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    """A merge patch of the pool's spec, as ``kubectl patch epool --type=merge`` makes it."""
+    kind.kubectl(
+        "patch", "epool", "-n", namespace, name, "--type=merge", "-p", json.dumps({"spec": spec})
+    )
+
+
 def wait_ready(kind: KindCluster, namespace: str, name: str, timeout_s: int = 1200) -> float:
     """``kubectl wait --for=condition=Ready epool/<name>``; returns the seconds it took."""
     t0 = time.monotonic()

@@ -24,6 +24,7 @@ from e2e.kind.pool import (
     example,
     for_kind,
     model_volume,
+    patch_spec,
     status,
     token_ids_pool_and_monolithic,
     wait_ready,
@@ -92,16 +93,7 @@ def test_answer_equals_monolithic_and_consumer_did_not_encode(
 
 
 def test_scale_producers(kind: KindCluster, pool: dict[str, Any]) -> None:
-    kind.kubectl(
-        "patch",
-        "epool",
-        "-n",
-        NS,
-        POOL,
-        "--type=merge",
-        "-p",
-        '{"spec":{"producer":{"replicas":2}}}',
-    )
+    patch_spec(kind, NS, POOL, {"producer": {"replicas": 2}})
     wait_until(
         "2 producers ready",
         lambda: (pool_status(kind).get("producers") or {}).get("ready") == 2,
@@ -113,16 +105,7 @@ def test_scale_producers(kind: KindCluster, pool: dict[str, Any]) -> None:
 def test_model_change_measures_first_then_rolls(kind: KindCluster, pool: dict[str, Any]) -> None:
     before = pool_status(kind)["modelFingerprint"]
     consumer_before = kind.get("deployment", "-n", NS, f"{POOL}-consumer")
-    kind.kubectl(
-        "patch",
-        "epool",
-        "-n",
-        NS,
-        POOL,
-        "--type=merge",
-        "-p",
-        '{"spec":{"model":{"dtype":"float32"}}}',
-    )
+    patch_spec(kind, NS, POOL, {"model": {"dtype": "float32"}})
     # Until the new report exists, the Deployments keep the old configuration.
     wait_until(
         "a new fingerprint",
@@ -168,16 +151,7 @@ def test_helm_upgrade_keeps_the_pool(
     )
     wait_ready(kind, NS, POOL)
     # The upgraded operator still reconciles: a scale-down reaches the Deployment.
-    kind.kubectl(
-        "patch",
-        "epool",
-        "-n",
-        NS,
-        POOL,
-        "--type=merge",
-        "-p",
-        '{"spec":{"producer":{"replicas":1}}}',
-    )
+    patch_spec(kind, NS, POOL, {"producer": {"replicas": 1}})
     wait_until(
         "producer Deployment scaled to 1",
         lambda: kind.get("deployment", "-n", NS, f"{POOL}-producer")["spec"]["replicas"] == 1,
