@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from encoderpool_operator.api import (
+    CHILDREN_OWNED,
     CONSUMERS_AVAILABLE,
     PRODUCERS_AVAILABLE,
     READY,
@@ -22,6 +23,9 @@ from encoderpool_operator.api import (
 )
 
 READY_REASON = "AllAvailable"
+# Reasons that mean something is wrong and needs a person (Warning events); every other
+# reason is progress (Normal events).
+PROBLEM_REASONS = frozenset({"InvalidSpec", "NameConflict", "WidthJobFailed", "WidthReportInvalid"})
 PENDING_REASON = "Pending"
 
 
@@ -61,7 +65,7 @@ def ready_condition(
     Otherwise it takes the status and reason of the first that is not True (in
     the order a pool comes up), so `kubectl get` shows what holds the pool back.
     """
-    required = [WIDTHS_MEASURED, PRODUCERS_AVAILABLE, CONSUMERS_AVAILABLE]
+    required = [CHILDREN_OWNED, WIDTHS_MEASURED, PRODUCERS_AVAILABLE, CONSUMERS_AVAILABLE]
     if router_enabled:
         required.append(ROUTER_AVAILABLE)
     for type_ in required:

@@ -3,10 +3,17 @@
 The pool's own changes, its children's events and a periodic resync all run
 the same level-triggered pass; a per-pool lock keeps two passes from
 interleaving. Run with ``kopf run -m encoderpool_operator.handlers``.
+
+No handler here needs a finalizer (kopf adds one for timers, daemons and
+deletion handlers; children go with the pool through owner references), so a
+pool or its namespace deletes even while the operator is stopped. The resync is
+therefore one loop over the pools the watch has seen, not a kopf timer; kopf
+removes the finalizer an older operator left on a pool.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import threading
@@ -19,7 +26,7 @@ import kopf
 
 from encoderpool_operator import render
 from encoderpool_operator.api import GROUP, PLURAL, READY, VERSION
-from encoderpool_operator.conditions import find_condition
+from encoderpool_operator.conditions import PROBLEM_REASONS, find_condition
 from encoderpool_operator.kube import Kube
 from encoderpool_operator.metrics import OperatorMetrics
 from encoderpool_operator.reconcile import invalid_status, reconcile, write_status
@@ -65,6 +72,28 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         router_image=ours.router_image, width_retry_seconds=ours.width_retry_seconds
     )
     memo.locks = defaultdict(threading.Lock)
+    memo.pools = set()  # (namespace, name) of every pool the watch has seen, for the resync
+
+
+@kopf.on.startup()
+async def start_resync(memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """Every ``resync_seconds``, one pass per known pool: drift, missed events, back-offs.
+    The task lives as long as kopf's loop (cancelled when the operator stops)."""
+    memo.resync_task = asyncio.create_task(_resync_loop(memo, logger))
+
+
+async def _resync_loop(memo: kopf.Memo, logger: Any) -> None:
+    while True:
+        await asyncio.sleep(_SETTINGS.resync_seconds)
+        for namespace, name in sorted(memo.pools):
+            owner = {"metadata": {"namespace": namespace, "name": name}}
+            try:  # to_thread carries kopf's context (its event poster) into the thread
+                await asyncio.to_thread(_pass, owner, memo, logger, False, "resync")
+            except kopf.PermanentError:
+                pass  # an invalid spec: its status already says why
+            except Exception:
+                logger.exception("resync of %s/%s failed; the next resync retries", namespace, name)
+        logger.info("resync done: %d pools", len(memo.pools))
 
 
 def _pass(
@@ -98,7 +127,7 @@ def _pass(
     METRICS.set_ready(*key, ready.status if ready else "Unknown")
     METRICS.passes.labels(trigger, "settled" if outcome.requeue_after is None else "waiting").inc()
     for type_, reason, message in outcome.transitions:
-        post = kopf.info if reason in ("Available", "Measured", "AllAvailable") else kopf.warn
+        post = kopf.warn if reason in PROBLEM_REASONS else kopf.info
         post(pool, reason=reason, message=f"{type_}: {message}")
     if outcome.applied:
         logger.info("applied %s", ", ".join(outcome.applied))
@@ -113,16 +142,16 @@ def pool_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> Non
     _pass(body, memo, logger, requeue=True, trigger="pool")
 
 
-@kopf.timer(
-    GROUP,
-    VERSION,
-    PLURAL,
-    interval=_SETTINGS.resync_seconds,
-    initial_delay=_SETTINGS.resync_seconds,
-)
-def resync(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    """Level-triggered safety net: drift, missed events, elapsed back-offs."""
-    _pass(body, memo, logger, requeue=False, trigger="resync")
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def pool_seen(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """Keep the set of pools the resync visits (no pass here: create/update/resume do that)."""
+    meta = event["object"].get("metadata", {})
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    if event["type"] == "DELETED":
+        memo.pools.discard(key)
+        memo.locks.pop(key, None)
+    else:
+        memo.pools.add(key)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=_CHILD_LABELS)

@@ -15,6 +15,9 @@ from typing import Any
 from urllib.parse import urlencode
 
 FIELD_MANAGER = "encoderpool-operator"
+# Every request's (connect, read) timeout: a pass holds its pool's lock while it talks
+# to the API server, so a call that hangs must fail (kopf retries the pass) instead.
+REQUEST_TIMEOUT = (5.0, 30.0)
 
 # (apiVersion, kind) -> plural: everything the operator reads or writes.
 PLURALS: dict[tuple[str, str], str] = {
@@ -60,9 +63,15 @@ def path(
 class Kube:
     """A thin, thread-safe wrapper over a ``kubernetes.client.ApiClient``."""
 
-    def __init__(self, api_client: Any, field_manager: str = FIELD_MANAGER) -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        field_manager: str = FIELD_MANAGER,
+        timeout: tuple[float, float] = REQUEST_TIMEOUT,
+    ) -> None:
         self._api = api_client
         self.field_manager = field_manager
+        self.timeout = timeout  # (connect, read) seconds: a hung call fails, never wedges
         self.writes: Counter[str] = Counter()  # "VERB Kind" -> count
         self._lock = threading.Lock()
 
@@ -86,7 +95,9 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        resp = self._api.call_api(method, url, header_params=headers, body=payload)
+        resp = self._api.call_api(
+            method, url, header_params=headers, body=payload, _request_timeout=self.timeout
+        )
         data = resp.read()
         if resp.status >= 400:
             try:

@@ -97,19 +97,29 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "apps",
         "deployments",
-        ("get", "list", "watch", "create", "patch"),
-        "producer/consumer/router Deployments; kopf on.event watches them for rollouts",
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "producer/consumer/router Deployments; kopf on.event watches them for rollouts; "
+        "listed by pool and deleted when the spec drops them (the router disabled)",
     ),
     Permission(
         "batch",
         "jobs",
-        ("list", "watch", "create", "patch", "delete"),
-        "width Jobs: listed by pool (the current one and stale ones); kopf on.event watches "
-        "them; deleted to retry or when their model is stale",
+        ("get", "list", "watch", "create", "patch", "delete"),
+        "width Jobs: listed by pool (the current one and stale ones); read by name before "
+        "the first one of a model is made (is the name someone else's?); kopf on.event "
+        "watches them; deleted to retry or when their model is stale",
     ),
-    Permission("", "services", ("get", "create", "patch"), "producer (headless), consumer, router"),
     Permission(
-        "", "persistentvolumeclaims", ("get", "create", "patch"), "the shared-volume cache PVC"
+        "",
+        "services",
+        ("get", "list", "create", "patch", "delete"),
+        "producer (headless), consumer, router; listed by pool, deleted when dropped",
+    ),
+    Permission(
+        "",
+        "persistentvolumeclaims",
+        ("get", "list", "create", "patch", "delete"),
+        "the shared-volume cache PVC; deleted when the pool switches to rdma",
     ),
     Permission(
         "",
@@ -124,18 +134,23 @@ PERMISSIONS: tuple[Permission, ...] = (
         ("list",),
         "a finished width Job's pod (by controller-uid): its termination message is the report",
     ),
-    Permission("", "serviceaccounts", ("get", "create", "patch"), "the router's identity"),
+    Permission(
+        "",
+        "serviceaccounts",
+        ("get", "list", "create", "patch", "delete"),
+        "the router's identity; deleted with the router",
+    ),
     Permission(
         "rbac.authorization.k8s.io",
         "roles",
-        ("get", "create", "patch"),
-        "the router's Role (EndpointSlices of its pool)",
+        ("get", "list", "create", "patch", "delete"),
+        "the router's Role (EndpointSlices of its pool); deleted with the router",
     ),
     Permission(
         "rbac.authorization.k8s.io",
         "rolebindings",
-        ("get", "create", "patch"),
-        "the router's RoleBinding",
+        ("get", "list", "create", "patch", "delete"),
+        "the router's RoleBinding; deleted with the router",
     ),
     # ---- held only to grant them (Kubernetes refuses a Role granting what its writer lacks)
     Permission(

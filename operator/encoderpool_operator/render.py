@@ -43,6 +43,13 @@ ROUTER_REUSE_SECONDS = 60
 LABEL_POOL = "encoderpool.io/pool"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 ANNOTATION_CONFIG_HASH = "encoderpool.io/config-hash"
+# On every child: a digest of everything the operator applies to it. A field removed
+# from the spec changes the digest, so the pass sees the change and re-applies, and
+# server-side apply drops the field (is_subset alone cannot see a removal).
+ANNOTATION_DIGEST = "encoderpool.io/spec-digest"
+# The longest object name the children may take (Services and Job names: DNS-1035 labels;
+# a Job's name is also a label value on its pods).
+MAX_CHILD_NAME = 63
 MANAGED_BY = "encoderpool-operator"
 PRODUCER, CONSUMER, ROUTER, WIDTH_JOB = "producer", "consumer", "router", "width-job"
 MEASURE_CONTAINER = "measure"
@@ -106,7 +113,15 @@ def name_of(pool: EncoderPool, component: str) -> str:
 
 
 def width_job_name(pool: EncoderPool, fingerprint: str) -> str:
-    return f"{pool.name}-width-{fingerprint[:10]}"
+    """<pool>-width-<fingerprint>, at most 63 characters: a long pool name is cut and a
+    hash of the whole name keeps two long names with one prefix apart."""
+    suffix = f"-width-{fingerprint[:10]}"
+    name = pool.name + suffix
+    if len(name) <= MAX_CHILD_NAME:
+        return name
+    tag = hashlib.sha256(pool.name.encode()).hexdigest()[:6]
+    head = pool.name[: MAX_CHILD_NAME - len(suffix) - len(tag) - 1].rstrip("-")
+    return f"{head}-{tag}{suffix}"
 
 
 def _resources(res: ResourceRequirements | None) -> dict[str, Any]:
@@ -121,13 +136,34 @@ def _resources(res: ResourceRequirements | None) -> dict[str, Any]:
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """Maps merge key by key; anything else in ``override`` replaces (podTemplate semantics)."""
+    """podTemplate semantics: maps merge key by key, lists of named entries (containers,
+    volumes, volumeMounts, env, ports, ...) merge entry by entry on ``name`` (new names
+    are appended), anything else in ``override`` replaces."""
     out = copy.deepcopy(dict(base))
     for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
+        have = out.get(key)
+        if isinstance(value, Mapping) and isinstance(have, Mapping):
+            out[key] = deep_merge(have, value)
+        elif isinstance(have, list) and _named_list(value) and _named_list(have):
+            out[key] = _merge_named(have, value)
         else:
             out[key] = copy.deepcopy(value)
+    return out
+
+
+def _named_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, Mapping) and "name" in v for v in value)
+
+
+def _merge_named(base: list[Any], override: list[Any]) -> list[Any]:
+    out = [copy.deepcopy(dict(v)) for v in base]
+    index = {v["name"]: i for i, v in enumerate(out)}
+    for entry in override:
+        if entry["name"] in index:
+            out[index[entry["name"]]] = deep_merge(out[index[entry["name"]]], entry)
+        else:
+            index[entry["name"]] = len(out)
+            out.append(copy.deepcopy(dict(entry)))
     return out
 
 
@@ -358,16 +394,19 @@ def vllm_deployment(pool: EncoderPool, role: str, config: ConnectorConfig) -> di
             "selector": {"matchLabels": selector_labels(pool, role)},
             "strategy": {
                 "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+                "rollingUpdate": {
+                    "maxSurge": role_spec.rollout.max_surge,
+                    "maxUnavailable": role_spec.rollout.max_unavailable,
+                },
             },
             "template": template,
         },
     }
 
 
-def _http_probe(period: int, failures: int) -> dict[str, Any]:
+def _http_probe(period: int, failures: int, path: str = "/health") -> dict[str, Any]:
     return {
-        "httpGet": {"path": "/health", "port": "http"},
+        "httpGet": {"path": path, "port": "http"},
         "periodSeconds": period,
         "failureThreshold": failures,
         "timeoutSeconds": 5,
@@ -442,9 +481,11 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
         "securityContext": {**copy.deepcopy(_RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},
         # Importing the router takes ~30 s on a busy 2-core node (seen on kind): without a
         # startup probe, liveness killed it before it listened. Liveness starts after this.
-        "startupProbe": _http_probe(period=2, failures=90),
+        "startupProbe": _http_probe(period=2, failures=90, path="/livez"),
+        # Ready while it knows a consumer; alive while it answers at all (consumers
+        # rolling must not restart it).
         "readinessProbe": _http_probe(period=5, failures=3),
-        "livenessProbe": _http_probe(period=15, failures=4),
+        "livenessProbe": _http_probe(period=15, failures=4, path="/livez"),
     }
     if pool.spec.connector.shared_volume is not None:
         # A file stays on the volume after a producer wrote it, so repeats of a
@@ -629,10 +670,39 @@ def width_job(pool: EncoderPool, identity: ModelIdentity, fingerprint: str) -> d
 # -------------------------------------------------------------------- all
 
 
+# Every kind a pool's workload can hold, (apiVersion, kind): what the reconcile lists
+# (by the pool's label, kept only with the pool as controller) to prune what the spec
+# no longer asks for. Width Jobs and report ConfigMaps have their own rules (widths.py).
+CHILD_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "PersistentVolumeClaim"),
+    ("v1", "Service"),
+    ("apps/v1", "Deployment"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+)
+
+
+def with_digest(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with ANNOTATION_DIGEST: a hash of the object as it is applied."""
+    meta = obj["metadata"]
+    annotations = {k: v for k, v in meta.get("annotations", {}).items() if k != ANNOTATION_DIGEST}
+    body = {**obj, "metadata": {**meta, "annotations": annotations}}
+    annotations = {**annotations, ANNOTATION_DIGEST: config_hash(body)}
+    return {**obj, "metadata": {**meta, "annotations": annotations}}
+
+
 def workload_objects(
     pool: EncoderPool, report: WidthReport, defaults: Defaults
 ) -> list[dict[str, Any]]:
-    """Everything that serves traffic, for a measured model: in apply order."""
+    """Everything that serves traffic, for a measured model: in apply order, each with
+    its digest."""
+    return [with_digest(o) for o in _workload_objects(pool, report, defaults)]
+
+
+def _workload_objects(
+    pool: EncoderPool, report: WidthReport, defaults: Defaults
+) -> list[dict[str, Any]]:
     config = pool.spec.connector_config(
         report.fingerprint, report.encoder_output_widths, report.identity
     )

@@ -205,6 +205,11 @@ class Router:
             {"status": "ok" if ok else "no consumers", **state}, status=200 if ok else 503
         )
 
+    async def live(self, request: web.Request) -> web.Response:
+        """Liveness: the event loop answers. Never tied to backends: consumers rolling
+        must make the router unready (readiness: /health), not restart it."""
+        return web.json_response({"status": "ok"})
+
     async def prometheus(self, request: web.Request) -> web.Response:
         return web.Response(
             body=generate_latest(self.metrics.registry),
@@ -461,5 +466,6 @@ def build_app(router: Router) -> web.Application:
     app.router.add_post("/v1/completions", router.completions)
     app.router.add_get("/v1/models", router.models)
     app.router.add_get("/health", router.health)
+    app.router.add_get("/livez", router.live)
     app.router.add_get("/metrics", router.prometheus)
     return app

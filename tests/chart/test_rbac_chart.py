@@ -301,7 +301,26 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
             "the stale width Job deleted",
             lambda: get_json(cluster, "jobs", "-n", pool_ns, "-l", WIDTH_JOB_PODS)["items"] == [],
         )
-        # 5. Delete: owner references clean up; the operator must not stand in the way.
+        # 5. The router off and the transport switched: the operator prunes what the
+        # spec no longer names (the router, its Service and RBAC; the cache PVC).
+        cluster.kubectl(
+            "patch", "encoderpool", "tiny", "-n", pool_ns, "--type=merge", "-p",
+            json.dumps({"spec": {"router": {"enabled": False},
+                                 "connector": {"sharedVolume": None, "rdma": {}}}}),
+        )  # fmt: skip
+        wait_until(
+            "status.transport rdma",
+            lambda: pool_state(cluster, pool_ns).get("status", {}).get("transport") == "rdma",
+        )
+        ready_with(cluster, pool_ns)
+        wait_until(
+            "the router and the cache PVC pruned",
+            lambda: not cluster.kubectl(
+                "get", "deployment/tiny-router", "pvc/tiny-cache", "-n", pool_ns,
+                "--ignore-not-found", "-o", "name",
+            ).strip(),
+        )  # fmt: skip
+        # 6. Delete: owner references clean up; the operator must not stand in the way.
         cluster.kubectl("delete", "encoderpool", "tiny", "-n", pool_ns, "--timeout=60s")
         time.sleep(2)  # the last watch events reach the standby-turned-active replica
     except BaseException:

@@ -13,6 +13,7 @@ import yaml
 
 from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_operator.api import (
+    CHILDREN_OWNED,
     CONSUMERS_AVAILABLE,
     PRODUCERS_AVAILABLE,
     READY,
@@ -67,7 +68,47 @@ def patched(patch: dict[str, Any], base: dict[str, Any] = BASE) -> dict[str, Any
 
 # (id, patch, field path the error must name, words of the fix). Shared with
 # test_crd_apiserver.py: the API server must refuse the same pools.
+def _template(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {"consumer": {"podTemplate": {"spec": spec}}}}
+
+
 INVALID: list[tuple[str, dict[str, Any], str, str]] = [
+    (
+        "template-service-account",
+        _template({"serviceAccountName": "admin"}),
+        "spec.consumer.podTemplate",
+        "serviceAccountName cannot be set",
+    ),
+    (
+        "template-host-network",
+        _template({"hostNetwork": True}),
+        "spec.consumer.podTemplate",
+        "hostNetwork cannot be true",
+    ),
+    (
+        "template-host-path",
+        _template({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}),
+        "spec.consumer.podTemplate",
+        "hostPath volumes are refused",
+    ),
+    (
+        "template-privileged",
+        _template({"containers": [{"name": "x", "securityContext": {"privileged": True}}]}),
+        "spec.consumer.podTemplate",
+        "may not set privileged",
+    ),
+    (
+        "template-replaces-vllm",
+        _template({"containers": [{"name": "vllm", "image": "evil.example/vllm"}]}),
+        "spec.consumer.podTemplate",
+        "may not set image, command or args",
+    ),
+    (
+        "rollout-that-cannot-move",
+        {"spec": {"producer": {"rollout": {"maxSurge": 0, "maxUnavailable": 0}}}},
+        "spec.producer.rollout",
+        "cannot both be 0",
+    ),
     (
         "two-transports",
         {"spec": {"connector": {"rdma": {}}}},
@@ -512,15 +553,21 @@ def test_unchanged_condition_gives_an_identical_status() -> None:
     assert again.model_dump(mode="json") == status.model_dump(mode="json")
 
 
-ALL_TRUE = (WIDTHS_MEASURED, PRODUCERS_AVAILABLE, CONSUMERS_AVAILABLE, ROUTER_AVAILABLE)
+ALL_TRUE = (
+    CHILDREN_OWNED,
+    WIDTHS_MEASURED,
+    PRODUCERS_AVAILABLE,
+    CONSUMERS_AVAILABLE,
+    ROUTER_AVAILABLE,
+)
 
 
 @pytest.mark.parametrize(
     ("statuses", "router", "want"),
     [
         (dict.fromkeys(ALL_TRUE, "True"), True, ("True", "AllAvailable")),
-        (dict.fromkeys(ALL_TRUE[:3], "True"), False, ("True", "AllAvailable")),
-        (dict.fromkeys(ALL_TRUE[:3], "True"), True, ("Unknown", "Pending")),
+        (dict.fromkeys(ALL_TRUE[:-1], "True"), False, ("True", "AllAvailable")),
+        (dict.fromkeys(ALL_TRUE[:-1], "True"), True, ("Unknown", "Pending")),
         ({**dict.fromkeys(ALL_TRUE, "True"), PRODUCERS_AVAILABLE: "False"}, True, ("False", "R")),
         ({**dict.fromkeys(ALL_TRUE, "True"), WIDTHS_MEASURED: "Unknown"}, True, ("Unknown", "R")),
         ({}, True, ("Unknown", "Pending")),

@@ -104,10 +104,10 @@ def test_a_resync_with_nothing_changed_writes_nothing(
     wait_until("kopf to finish handling the creation", handled)
     time.sleep(3)  # let the last child events settle
     before = len(cluster.audit_events(namespace=namespace))
-    resyncs = operator.log_text().count("Timer 'resync' succeeded")
+    resyncs = operator.log_text().count("resync done")
     wait_until(
         "two more resync passes",
-        lambda: operator.log_text().count("Timer 'resync' succeeded") >= resyncs + 2,
+        lambda: operator.log_text().count("resync done") >= resyncs + 2,
         timeout=30,
     )
     writes = cluster.audit_events(namespace=namespace)[before:]

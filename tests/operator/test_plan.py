@@ -7,6 +7,9 @@ the real control plane.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,7 @@ import yaml
 
 from encoderpool_connector.contracts import WidthReport
 from encoderpool_operator import render
-from encoderpool_operator.api import EncoderPool
+from encoderpool_operator.api import MAX_NAME_LENGTH, EncoderPool
 from encoderpool_operator.reconcile.actions import (
     Action,
     Apply,
@@ -368,3 +371,164 @@ def test_without_a_router_nothing_of_it_is_planned() -> None:
     assert p.status.router is None
     assert p.status.router_endpoint is None
     assert all(c.type != "RouterAvailable" for c in p.status.conditions)
+
+
+# ------------------------------------------------ level-true: removals, pruning, ownership
+
+
+def owned_of(live: dict[Any, Any]) -> dict[Any, Any]:
+    """What observe's lists by label return: the children of render.CHILD_KINDS."""
+    return {ref: obj for ref, obj in live.items() if ref[:2] in render.CHILD_KINDS}
+
+
+def settled_snapshot(obj: dict[str, Any], live_from: dict[str, Any] | None = None) -> Snapshot:
+    """A pass over ``obj`` whose children are what ``live_from``'s spec rendered."""
+    report = report_of(obj)
+    live = live_children(EncoderPool.from_object(live_from or obj), report)
+    return snapshot(obj, report_cm=report_cm(report), live=live, owned=owned_of(live))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("nodeSelector", {"pool": "gpu"}),
+        ("tolerations", [{"key": "gpu", "operator": "Exists"}]),
+        ("resources", {"limits": {"memory": "8Gi"}}),
+        ("podTemplate", {"spec": {"priorityClassName": "high"}}),
+    ],
+)
+def test_a_field_removed_from_the_spec_is_a_change(field: str, value: Any) -> None:
+    before = settled(pool_object())
+    before["spec"]["consumer"] = {**before["spec"]["consumer"], field: value}
+    after = copy.deepcopy(before)
+    del after["spec"]["consumer"][field]
+    p = plan(settled_snapshot(after, live_from=before), DEFAULTS, NOW)
+    (apply,) = writes(p)
+    assert apply.describe() == "Deployment/tiny-consumer"
+    # It is the whole object as now rendered: server-side apply drops what it no longer has.
+    assert isinstance(apply, Apply)
+    assert json.dumps(value) not in json.dumps(apply.obj)
+    # Applied, the next pass plans nothing.
+    assert plan(settled_snapshot(after), DEFAULTS, NOW).actions == ()
+
+
+def test_every_child_carries_the_digest_of_what_is_applied() -> None:
+    obj = pool_object()
+    report = report_of(obj)
+    pool = EncoderPool.from_object(obj)
+    for child in render.workload_objects(pool, report, DEFAULTS):
+        digest = child["metadata"]["annotations"][render.ANNOTATION_DIGEST]
+        assert (
+            render.with_digest(child)["metadata"]["annotations"][render.ANNOTATION_DIGEST] == digest
+        )
+    env = {**obj["spec"]["model"], "env": [{"name": "A", "value": "1"}]}
+    other = EncoderPool.from_object(pool_object(model=env))
+    digests = {
+        ref_of(c): c["metadata"]["annotations"][render.ANNOTATION_DIGEST]
+        for c in render.workload_objects(other, report, DEFAULTS)
+    }
+    for child in render.workload_objects(pool, report, DEFAULTS):
+        changed = (
+            digests[ref_of(child)] != child["metadata"]["annotations"][render.ANNOTATION_DIGEST]
+        )
+        assert changed == (child["kind"] == "Deployment" and "router" not in ref_of(child)[2])
+
+
+def test_a_disabled_router_is_pruned_with_its_rbac() -> None:
+    with_router = settled(pool_object())
+    without = {**with_router, "spec": {**with_router["spec"], "router": {"enabled": False}}}
+    p = plan(settled_snapshot(without, live_from=with_router), DEFAULTS, NOW)
+    assert sorted(a.describe() for a in writes(p)) == [
+        "Deployment/tiny-router (deleted: no longer in the spec)",
+        "Role/tiny-router (deleted: no longer in the spec)",
+        "RoleBinding/tiny-router (deleted: no longer in the spec)",
+        "Service/tiny (deleted: no longer in the spec)",
+        "ServiceAccount/tiny-router (deleted: no longer in the spec)",
+    ]
+
+
+def test_a_transport_switch_leaves_nothing_of_the_old_one() -> None:
+    shared = settled(pool_object())
+    rdma = {**shared, "spec": {**shared["spec"], "connector": {"rdma": {}}}}
+    p = plan(settled_snapshot(rdma, live_from=shared), DEFAULTS, NOW)
+    described = [a.describe() for a in writes(p)]
+    assert described == [
+        "Deployment/tiny-producer",
+        "Deployment/tiny-consumer",
+        "Deployment/tiny-router",  # no --reuse-encoded-s without a shared volume
+        "PersistentVolumeClaim/tiny-cache (deleted: no longer in the spec)",
+    ]
+    rendered = json.dumps([a.obj for a in writes(p) if isinstance(a, Apply)])
+    assert "ec-cache" not in rendered
+    assert "sharedVolume" not in rendered
+
+
+def test_children_of_another_owner_are_never_pruned() -> None:
+    with_router = settled(pool_object())
+    without = {**with_router, "spec": {**with_router["spec"], "router": {"enabled": False}}}
+    snap = settled_snapshot(without, live_from=with_router)
+    # observe keeps only what the pool controls: an object of another uid is not in owned.
+    assert all(snap.ours(o) for o in snap.owned.values())
+    kept = {ref: o for ref, o in snap.owned.items() if "router" not in ref[2] and ref[2] != "tiny"}
+    p = plan(dataclasses.replace(snap, owned=kept), DEFAULTS, NOW)
+    assert writes(p) == []
+
+
+@pytest.mark.parametrize("owner", [None, "someone-else"])
+def test_a_foreign_object_with_a_child_s_name_is_never_touched(owner: str | None) -> None:
+    obj = settled(pool_object())
+    snap = settled_snapshot(obj)
+    ref = ("apps/v1", "Deployment", "tiny-consumer")
+    foreign = copy.deepcopy(dict(snap.live[ref] or {}))
+    foreign["metadata"]["ownerReferences"] = (
+        [{"uid": owner, "controller": True, "kind": "X", "name": "x"}] if owner else []
+    )
+    foreign["spec"]["replicas"] = 7
+    owned = {r: o for r, o in snap.owned.items() if r != ref}
+    p = plan(
+        dataclasses.replace(snap, live={**snap.live, ref: foreign}, owned=owned), DEFAULTS, NOW
+    )
+    assert writes(p) == []
+    status, reason, message = condition(p, "ChildrenOwned")
+    assert (status, reason) == ("False", "NameConflict")
+    assert "Deployment ml/tiny-consumer" in message
+    assert "delete or rename it" in message
+    assert condition(p, "Ready")[:2] == ("False", "NameConflict")
+    # The foreign Deployment's status is not the pool's.
+    assert condition(p, "ConsumersAvailable")[1] == "NotCreated"
+
+
+def test_a_foreign_job_with_the_width_job_s_name_is_never_applied() -> None:
+    obj = pool_object()
+    pool = EncoderPool.from_object(obj)
+    theirs = job(pool, None)
+    theirs["metadata"]["ownerReferences"] = []
+    ref = ref_of(theirs)
+    p = plan(snapshot(obj, live={ref: theirs}), DEFAULTS, NOW)
+    assert writes(p) == []
+    assert condition(p, "ChildrenOwned")[1] == "NameConflict"
+    assert f"Job ml/{ref[2]}" in condition(p, "Ready")[2]
+
+
+def test_names_fit_at_the_longest_pool_name() -> None:
+    longest = "a" * (MAX_NAME_LENGTH - 1) + "b"
+    obj = pool_object()
+    obj["metadata"]["name"] = longest
+    pool = EncoderPool.from_object(obj)
+    report = report_of(obj)
+    identity = pool.spec.model_identity(pool.spec.image)
+    objects = [*render.workload_objects(pool, report, DEFAULTS)]
+    objects.append(render.width_job(pool, identity, identity.fingerprint()))
+    dns_label = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    for o in objects:
+        name = o["metadata"]["name"]
+        assert len(name) <= 63, name
+        assert dns_label.match(name), name
+        for value in o["metadata"]["labels"].values():
+            assert len(value) <= 63, value
+    # Two long names with one prefix get two Jobs.
+    other = EncoderPool.from_object({**obj, "metadata": {**obj["metadata"], "name": "a" * 50}})
+    assert render.width_job_name(pool, "f" * 16) != render.width_job_name(other, "f" * 16)
+    assert render.width_job_name(EncoderPool.from_object(pool_object()), "f" * 16) == (
+        "tiny-width-ffffffffff"
+    )

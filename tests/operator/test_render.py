@@ -255,3 +255,112 @@ def test_the_hub_token_reaches_every_vllm_container_as_a_secret_reference() -> N
         ], role
     router = container(children(pool), "pool-router")
     assert all(e["name"] != "HF_TOKEN" for e in router.get("env", []))  # it never loads a model
+
+
+def _with_template(template: dict[str, Any], role: str = "producer") -> EncoderPool:
+    raw = load("pool-shared-volume.yaml").model_dump(by_alias=True, exclude={"status"})
+    raw["spec"][role]["podTemplate"] = template
+    return EncoderPool.from_object(
+        {**raw, "metadata": {"name": "pool", "namespace": "ml", "uid": "u"}}
+    )
+
+
+def test_pod_template_lists_merge_by_name_instead_of_replacing_ours() -> None:
+    pool = _with_template(
+        {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "vllm",
+                        "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
+                        "volumeMounts": [{"name": "extra", "mountPath": "/extra"}],
+                    },
+                    {"name": "sidecar", "image": "example.invalid/sidecar:1"},
+                ],
+                "volumes": [{"name": "extra", "configMap": {"name": "extra"}}],
+                "topologySpreadConstraints": [
+                    {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+                ],
+            }
+        }
+    )
+    spec = children(pool)["Deployment/pool-producer"]["spec"]["template"]["spec"]
+    vllm, sidecar = spec["containers"]
+    assert (vllm["name"], sidecar["name"]) == ("vllm", "sidecar")
+    assert vllm["command"] == ["vllm"]  # ours, kept
+    env = {e["name"] for e in vllm["env"]}
+    assert {"VLLM_LOGGING_LEVEL", "VLLM_NO_USAGE_STATS", "HOME"} <= env
+    mounts = [m["name"] for m in vllm["volumeMounts"]]
+    assert mounts[:2] == ["dshm", "home"]
+    assert mounts[-1] == "extra"
+    assert [v["name"] for v in spec["volumes"]][-1] == "extra"
+    assert "dshm" in [v["name"] for v in spec["volumes"]]
+    assert spec["topologySpreadConstraints"][0]["topologyKey"] == "zone"
+
+
+@pytest.mark.parametrize(
+    ("template", "field"),
+    [
+        ({"spec": {"serviceAccountName": "admin"}}, "podTemplate.spec.serviceAccountName"),
+        ({"spec": {"automountServiceAccountToken": True}}, "spec.automountServiceAccountToken"),
+        ({"spec": {"hostNetwork": True}}, "podTemplate.spec.hostNetwork"),
+        ({"spec": {"hostPID": True}}, "podTemplate.spec.hostPID"),
+        ({"spec": {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}}, "spec.volumes[0]"),
+        (
+            {"spec": {"containers": [{"name": "x", "securityContext": {"privileged": True}}]}},
+            "spec.containers[0].securityContext",
+        ),
+        (
+            {"spec": {"initContainers": [{"name": "i", "securityContext": {"runAsUser": 0}}]}},
+            "spec.initContainers[0].securityContext",
+        ),
+        (
+            {
+                "spec": {
+                    "containers": [
+                        {"name": "v", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}
+                    ]
+                }
+            },
+            "spec.containers[0].securityContext",
+        ),
+        ({"spec": {"securityContext": {"runAsNonRoot": False}}}, "spec.securityContext"),
+        ({"spec": {"containers": [{"name": "vllm", "image": "evil"}]}}, "spec.containers[0].image"),
+        ({"spec": {"containers": [{"name": "vllm", "command": ["sh"]}]}}, "containers[0].command"),
+        (
+            {"spec": {"containers": [{"image": "x"}]}},
+            "spec.containers[0]: every entry needs a name",
+        ),
+    ],
+)
+def test_pod_template_fields_that_escalate_are_refused_naming_them(
+    template: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValueError, match="is invalid") as info:
+        _with_template(template, role="consumer")
+    assert "spec.consumer.podTemplate" in str(info.value)
+    assert field in str(info.value)
+
+
+def test_rollouts_replace_pods_without_a_surge_by_default() -> None:
+    objs = children(load("pool-shared-volume.yaml"))
+    strategy = objs["Deployment/pool-consumer"]["spec"]["strategy"]
+    assert strategy == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    raw = load("pool-shared-volume.yaml").model_dump(by_alias=True, exclude={"status"})
+    raw["spec"]["producer"]["rollout"] = {"maxSurge": 1, "maxUnavailable": 0}
+    pool = EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})
+    rolling = children(pool)["Deployment/pool-producer"]["spec"]["strategy"]["rollingUpdate"]
+    assert rolling == {"maxSurge": 1, "maxUnavailable": 0}
+    raw["spec"]["producer"]["rollout"] = {"maxSurge": 0, "maxUnavailable": 0}
+    with pytest.raises(ValueError, match=r"spec\.producer\.rollout: .*cannot both be 0"):
+        EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})
+
+
+def test_the_router_stays_alive_while_it_has_no_consumers() -> None:
+    router = container(children(load("pool-shared-volume.yaml")), "pool-router")
+    assert router["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert router["startupProbe"]["httpGet"]["path"] == "/livez"
+    assert router["readinessProbe"]["httpGet"]["path"] == "/health"

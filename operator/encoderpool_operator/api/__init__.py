@@ -52,12 +52,14 @@ from encoderpool_operator.api.spec import (
     RdmaSpec,
     ResourceRequirements,
     RoleSpec,
+    RolloutSpec,
     RouterSpec,
     SharedVolumeSpec,
     Toleration,
     WidthJobSpec,
 )
 from encoderpool_operator.api.status import (
+    CHILDREN_OWNED,
     CONDITION_TYPES,
     CONSUMERS_AVAILABLE,
     MAX_GENERATION,
@@ -73,6 +75,7 @@ from encoderpool_operator.api.status import (
 
 __all__ = [
     "API_VERSION",
+    "CHILDREN_OWNED",
     "CONDITION_TYPES",
     "CONSUMERS_AVAILABLE",
     "CRD_NAME",
@@ -114,6 +117,7 @@ __all__ = [
     "ReplicaStatus",
     "ResourceRequirements",
     "RoleSpec",
+    "RolloutSpec",
     "RouterSpec",
     "SharedVolumeSpec",
     "Toleration",

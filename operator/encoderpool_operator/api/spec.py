@@ -20,6 +20,7 @@ from encoderpool_connector.contracts import (
     RdmaSettings,
     SharedVolumeSettings,
 )
+from encoderpool_operator.api.pod_template import POD_TEMPLATE_SCHEMA, forbidden_fields
 from encoderpool_operator.api.quantity import ByteRange, Quantity, quantity_bytes
 from encoderpool_operator.api.schema import (
     ApiModel,
@@ -340,6 +341,38 @@ class Toleration(ApiModel):
 _FREE_FORM: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
 
 
+_ROLLOUT_MOVES = "maxSurge and maxUnavailable cannot both be 0: the rollout could never start"
+
+
+class RolloutSpec(ApiModel):
+    """A Deployment's rolling update, in pods.
+
+    The default replaces a pod before starting its successor (maxSurge 0): a GPU
+    cluster rarely has a spare GPU for a surge pod, and a rollout that waits for
+    one never finishes. With spare capacity, maxSurge 1 and maxUnavailable 0 keep
+    every replica serving during the roll.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_extra(
+            cel("self.maxSurge > 0 || self.maxUnavailable > 0", _ROLLOUT_MOVES)
+        )
+    )
+
+    max_surge: int = Field(
+        default=0, ge=0, le=256, description="Pods started above replicas during a rollout."
+    )
+    max_unavailable: int = Field(
+        default=1, ge=0, le=256, description="Pods that may be missing during a rollout."
+    )
+
+    @model_validator(mode="after")
+    def _moves(self) -> RolloutSpec:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError(_ROLLOUT_MOVES)
+        return self
+
+
 class RoleSpec(ApiModel):
     """One role's pods: producers run the encoder only, consumers run the LM."""
 
@@ -369,10 +402,25 @@ class RoleSpec(ApiModel):
     pod_template: dict[str, Any] | None = Field(
         default=None,
         description="Partial PodTemplateSpec (metadata, spec) merged over the one the "
-        "operator renders: maps merge key by key, other values replace. For what the "
-        "typed fields do not cover, e.g. priorityClassName, securityContext, extra volumes.",
-        json_schema_extra=_FREE_FORM,
+        "operator renders: maps merge key by key, named lists (containers, volumes, "
+        "volumeMounts, env, ...) by name, other values replace. For what the typed fields do "
+        "not cover, e.g. priorityClassName, topologySpreadConstraints, extra volumes and "
+        "mounts. Refused: serviceAccountName, automountServiceAccountToken, host namespaces, "
+        "hostPath volumes, privileged or root containers, added capabilities, and the vllm "
+        "container's image, command and args.",
+        json_schema_extra=POD_TEMPLATE_SCHEMA,
     )
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec,
+        description="How the role's Deployment replaces pods when the spec or model changes.",
+    )
+
+    @field_validator("pod_template")
+    @classmethod
+    def _safe_template(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and (problems := forbidden_fields(value)):
+            raise ValueError("; ".join(f"podTemplate.{p}" for p in problems))
+        return value
 
 
 _ONE_TRANSPORT = "set exactly one of sharedVolume (a ReadWriteMany volume) or rdma (NIXL over UCX)"

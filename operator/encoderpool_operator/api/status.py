@@ -15,12 +15,14 @@ from pydantic import Field, model_validator
 from encoderpool_operator.api.schema import ApiModel, Modality, Timestamp
 
 # Condition types (PascalCase adjectives, kstatus-friendly).
+CHILDREN_OWNED = "ChildrenOwned"
 WIDTHS_MEASURED = "WidthsMeasured"
 PRODUCERS_AVAILABLE = "ProducersAvailable"
 CONSUMERS_AVAILABLE = "ConsumersAvailable"
 ROUTER_AVAILABLE = "RouterAvailable"
 READY = "Ready"
 CONDITION_TYPES = (
+    CHILDREN_OWNED,
     WIDTHS_MEASURED,
     PRODUCERS_AVAILABLE,
     CONSUMERS_AVAILABLE,
@@ -105,7 +107,7 @@ class EncoderPoolStatus(ApiModel):
     conditions: tuple[Condition, ...] = Field(
         default=(),
         max_length=16,
-        description="WidthsMeasured, ProducersAvailable, ConsumersAvailable, "
+        description="ChildrenOwned, WidthsMeasured, ProducersAvailable, ConsumersAvailable, "
         "RouterAvailable and Ready (all of them True).",
         json_schema_extra={
             "x-kubernetes-list-type": "map",

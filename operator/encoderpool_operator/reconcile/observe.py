@@ -30,6 +30,14 @@ def ref_of(obj: Mapping[str, Any]) -> Ref:
     return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
 
 
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid of ``obj``'s controller (its ownerReference with controller: true), if any."""
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid", ""))
+    return None
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """What one pass knows about one pool and its children, as read from the API server."""
@@ -37,12 +45,15 @@ class Snapshot:
     pool: EncoderPool
     fingerprint: str
     report_cm: Mapping[str, Any] | None = None
-    # This pool's width Jobs, of any model (the current one among them, if it exists).
+    # This pool's width Jobs (controlled by it), of any model (the current one among them).
     width_jobs: tuple[Mapping[str, Any], ...] = ()
     # Pods of the current width Job: read only once it completed and no report is stored.
     job_pods: tuple[Mapping[str, Any], ...] = ()
-    # Each child the spec can ask for (render.child_refs): the live object, or None.
+    # Each object the spec names (render.child_refs, and the width Job while there is no
+    # report): the live object, whoever owns it, or None.
     live: Mapping[Ref, Mapping[str, Any] | None] = field(default_factory=dict)
+    # Every object of render.CHILD_KINDS this pool controls, wanted or not (for pruning).
+    owned: Mapping[Ref, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def job_name(self) -> str:
@@ -53,34 +64,67 @@ class Snapshot:
         """The width Job of the current model, if it exists."""
         return next((j for j in self.width_jobs if j["metadata"]["name"] == self.job_name), None)
 
+    def ours(self, obj: Mapping[str, Any] | None) -> bool:
+        return obj is not None and controller_uid(obj) == self.pool.metadata.get("uid")
+
     def child(self, ref: Ref) -> Mapping[str, Any] | None:
         return self.live.get(ref)
 
     def deployment(self, component: str) -> Mapping[str, Any] | None:
-        return self.child(("apps/v1", "Deployment", render.name_of(self.pool, component)))
+        """This pool's Deployment of ``component`` (never a foreign one of the same name)."""
+        dep = self.child(("apps/v1", "Deployment", render.name_of(self.pool, component)))
+        return dep if self.ours(dep) else None
+
+    def foreign(self) -> list[Ref]:
+        """Objects with a child's name that this pool does not control: never touched."""
+        return sorted(
+            ref for ref, obj in self.live.items() if obj is not None and not self.ours(obj)
+        )
 
 
 def observe(kube: Kube, obj: Mapping[str, Any]) -> Snapshot:
-    """Read one pool's world. Raises ValueError (naming the field) for an invalid spec."""
+    """Read one pool's world. Raises ValueError (naming the field) for an invalid spec.
+
+    Children come from one list per kind (by the pool's label, kept when the pool is
+    their controller); a wanted child missing from those lists is read by name, so an
+    object of someone else's with that name is seen (and left alone).
+    """
     pool = EncoderPool.from_object(obj)
     ns = pool.namespace
+    uid = pool.metadata.get("uid")
     fingerprint = pool.spec.model_identity(pool.spec.image).fingerprint()
     report_cm = kube.get("v1", "ConfigMap", ns, configmap_name(fingerprint))
-    selector = f"{render.LABEL_POOL}={pool.name},{render.LABEL_COMPONENT}={render.WIDTH_JOB}"
+    pool_selector = f"{render.LABEL_POOL}={pool.name}"
+    owned: dict[Ref, Mapping[str, Any]] = {}
+    for api_version, kind in render.CHILD_KINDS:
+        for item in kube.list(api_version, kind, ns, pool_selector):
+            if controller_uid(item) == uid:  # a list's items carry no apiVersion/kind
+                owned[(api_version, kind, item["metadata"]["name"])] = {
+                    **item,
+                    "apiVersion": api_version,
+                    "kind": kind,
+                }
+    live: dict[Ref, Mapping[str, Any] | None] = {
+        ref: owned[ref] if ref in owned else kube.get(ref[0], ref[1], ns, ref[2])
+        for ref in render.child_refs(pool)
+    }
+    jobs = kube.list(
+        "batch/v1", "Job", ns, f"{pool_selector},{render.LABEL_COMPONENT}={render.WIDTH_JOB}"
+    )
     snap = Snapshot(
         pool=pool,
         fingerprint=fingerprint,
         report_cm=report_cm,
-        width_jobs=tuple(kube.list("batch/v1", "Job", ns, selector)),
-        live={ref: kube.get(ref[0], ref[1], ns, ref[2]) for ref in render.child_refs(pool)},
+        width_jobs=tuple(j for j in jobs if controller_uid(j) == uid),
+        live=live,
+        owned=owned,
     )
+    has_report = parse_report(report_cm, fingerprint)[0] is not None
     job = snap.job
-    if (
-        job is not None
-        and job_state(job)[0] == "Complete"
-        and parse_report(report_cm, fingerprint)[0] is None
-    ):
-        uid = job["metadata"]["uid"]
-        pods = kube.list("v1", "Pod", ns, f"{JOB_UID_LABEL}={uid}")
+    if job is None and not has_report:  # about to create it: is the name someone else's?
+        ref = ("batch/v1", "Job", snap.job_name)
+        snap = replace(snap, live={**live, ref: kube.get(*ref[:2], ns, ref[2])})
+    if job is not None and job_state(job)[0] == "Complete" and not has_report:
+        pods = kube.list("v1", "Pod", ns, f"{JOB_UID_LABEL}={job['metadata']['uid']}")
         snap = replace(snap, job_pods=tuple(pods))
     return snap

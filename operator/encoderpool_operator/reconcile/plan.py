@@ -1,8 +1,12 @@
 """Plan: a pure function from what was observed (and the spec inside it) to the writes and status.
 
+    objects with a child's name that the pool does not control -> never touched,
+         ChildrenOwned=False names them
     widths (reuse the report, take it from the Job, or measure)
-      -> with a report: render the children (pure), apply only those that differ,
+      -> with a report: render the children (pure), apply only those that differ
+         (each carries a digest of itself, so a removed field is a difference too),
          delete width Jobs of earlier models
+    children the pool controls that the spec no longer names -> deleted
       -> Deployments observed -> conditions -> status, written only when it changed
 
 No I/O and no clock: the same ``Snapshot`` and ``now`` always give the same
@@ -22,6 +26,7 @@ from pydantic import ValidationError
 from encoderpool_connector.contracts import configmap_name
 from encoderpool_operator import render
 from encoderpool_operator.api import (
+    CHILDREN_OWNED,
     CONSUMERS_AVAILABLE,
     PRODUCERS_AVAILABLE,
     READY,
@@ -31,9 +36,9 @@ from encoderpool_operator.api import (
     ReplicaStatus,
 )
 from encoderpool_operator.conditions import ready_condition, set_condition
-from encoderpool_operator.reconcile.actions import Action, Apply, Delete, PatchStatus
+from encoderpool_operator.reconcile.actions import Action, Apply, Create, Delete, PatchStatus
 from encoderpool_operator.reconcile.compare import is_subset
-from encoderpool_operator.reconcile.observe import Snapshot, ref_of
+from encoderpool_operator.reconcile.observe import Ref, Snapshot, ref_of
 from encoderpool_operator.reconcile.widths import plan_widths
 
 
@@ -131,13 +136,43 @@ def status_patch(
     return body
 
 
+def ownership(snap: Snapshot) -> ConditionUpdate:
+    """ChildrenOwned: False, naming each object, while another owner holds a child's name."""
+    gen = snap.pool.generation
+    foreign = snap.foreign()
+    if not foreign:
+        return ConditionUpdate(
+            type=CHILDREN_OWNED,
+            status="True",
+            reason="Owned",
+            message="every child is controlled by this pool",
+            observed_generation=gen,
+        )
+    names = ", ".join(f"{kind} {snap.pool.namespace}/{name}" for _, kind, name in foreign)
+    return ConditionUpdate(
+        type=CHILDREN_OWNED,
+        status="False",
+        reason="NameConflict",
+        message=f"{names} already exists and is not controlled by this pool, so the operator "
+        "leaves it alone: delete or rename it (or give the pool another name)",
+        observed_generation=gen,
+    )
+
+
+def _writes_to(action: Action) -> Ref | None:
+    if isinstance(action, (Apply, Create)):
+        return ref_of(action.obj)
+    return None
+
+
 def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
     """One pass for one pool, decided: see the module docstring."""
     pool = snap.pool
     gen = pool.generation
     widths = plan_widths(snap, defaults.width_retry_seconds, now)
-    actions: list[Action] = list(widths.actions)
-    updates: list[ConditionUpdate] = [widths.condition]
+    foreign = set(snap.foreign())
+    actions: list[Action] = [a for a in widths.actions if _writes_to(a) not in foreign]
+    updates: list[ConditionUpdate] = [ownership(snap), widths.condition]
     status_fields: dict[str, Any] = {
         "observed_generation": gen,
         "model_fingerprint": snap.fingerprint,
@@ -147,7 +182,8 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
     report = widths.report
     if report is not None:
         for child in render.workload_objects(pool, report, defaults):
-            if not is_subset(child, snap.child(ref_of(child))):
+            ref = ref_of(child)
+            if ref not in foreign and not is_subset(child, snap.child(ref)):
                 actions.append(Apply(child))
         for job in snap.width_jobs:  # their models are not this pool's any more
             if job["metadata"]["name"] != snap.job_name:
@@ -158,6 +194,10 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
             bytes_per_token=dict(report.bytes_per_token),
             hidden_size=report.hidden_size,
         )
+
+    wanted = set(render.child_refs(pool))
+    for api_version, kind, name in sorted(set(snap.owned) - wanted):
+        actions.append(Delete(api_version, kind, name, "no longer in the spec"))
 
     roles: Sequence[tuple[str, str, str, int]] = [
         (PRODUCERS_AVAILABLE, "producers", render.PRODUCER, pool.spec.producer.replicas),
