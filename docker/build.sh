@@ -31,6 +31,7 @@ python_base() {
   have "$img" && { echo "$img"; return; }
   tar=$cache/images/python-base-$key.tar; mkdir -p "$cache/images"
   if [ ! -f "$tar" ]; then
+    "$root/tools/apt.sh" mmdebstrap
     log "mmdebstrap $DEBIAN_SUITE + python3 (about a minute)"
     nice -n 10 mmdebstrap --quiet --variant=minbase --include="$pkgs" \
       --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \

@@ -23,10 +23,7 @@ answering() { DOCKER_HOST=$host /usr/bin/docker version >/dev/null 2>&1; }
 install() {
   command -v dockerd >/dev/null && [ -x /usr/bin/docker ] && return 0
   [ "$(id -u)" = 0 ] || { log "dockerd missing and not root: install Debian's docker.io"; exit 1; }
-  log "installing Debian's docker.io"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io iptables >&2 \
-    || { DEBIAN_FRONTEND=noninteractive apt-get update -q >&2 &&
-         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io iptables >&2; }
+  "$root/tools/apt.sh" docker.io iptables
   # The package's own service must not start an engine of its own.
   if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     systemctl disable --now docker.socket docker.service >/dev/null 2>&1 || true

@@ -42,6 +42,7 @@ rootfs_key=$( { echo "$pkgs $DEBIAN_SUITE"; cat "$here/kind-base-files.patch"; s
 rootfs=$work/rootfs-$rootfs_key.tar
 # rootfs:
 if [ ! -f "$rootfs" ]; then
+  "$root/tools/apt.sh" mmdebstrap
   log "mmdebstrap $DEBIAN_SUITE (1-2 min)"
   nice -n 10 mmdebstrap --quiet --variant=minbase --include="$pkgs" \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
