@@ -205,3 +205,21 @@ def test_a_pool_deletes_while_the_operator_is_stopped(
         "the children garbage-collected",
         lambda: not exists(cluster, namespace, "deployment", "tiny-consumer"),
     )
+
+
+def test_a_finalizer_an_older_operator_left_is_removed(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    pool = sample_pool()
+    pool["metadata"]["finalizers"] = ["encoderpool.io/finalizer"]  # the old timer's
+    seed_report(cluster, namespace, report_for(pool))
+    apply_pool(cluster, namespace, pool)
+    ready_pool(cluster, namespace)
+    wait_until(
+        "kopf to drop the finalizer no handler needs",
+        lambda: (
+            not get_json(cluster, "encoderpool", "tiny", "-n", namespace)["metadata"].get(
+                "finalizers"
+            )
+        ),
+    )
