@@ -145,16 +145,26 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
         logger.debug("encoderpool: lookup of %s starts %s", short(mm_hash), lookup.state)
         return lookup
 
-    @staticmethod
-    def _announced(request: Request, mm_hash: str) -> bool:
-        """Whether a producer announced the item (then it is worth waiting for)."""
+    def _announced(self, request: Request, mm_hash: str) -> bool:
+        """Whether a producer of this model announced the item (then it is worth waiting
+        for). During a model change the router may pair this consumer with a producer of
+        the other model, whose entry this consumer would never find: not worth a wait."""
         raw = raw_announcement(request.ec_transfer_params, mm_hash)
         if raw is None:
             return False
         try:
-            Announcement.parse(raw)
+            announcement = Announcement.parse(raw)
         except ValueError as e:
             logger.debug("encoderpool: item %s: %s", short(mm_hash), e)
+            return False
+        if announcement.fingerprint != self.config.model_fingerprint:
+            self.stats.add("foreign_announcements")
+            logger.debug(
+                "encoderpool: item %s was announced by a producer of model %s; this is %s",
+                short(mm_hash),
+                announcement.fingerprint,
+                self.config.model_fingerprint,
+            )
             return False
         return True
 

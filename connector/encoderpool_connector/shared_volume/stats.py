@@ -14,6 +14,8 @@ SV_COUNTERS: dict[str, str] = {
     "misses": "Lookups that found no entry (the consumer encodes the item itself).",
     "rejected": "Entries found but rejected: corrupt, truncated, foreign model, wrong shape.",
     "waits_timed_out": "Items a producer announced that never appeared in time.",
+    "foreign_announcements": "Items announced by a producer of another model (a model "
+    "change rolling): a miss at once, never a wait.",
     "loads": "Entries loaded into the encoder cache by the worker.",
     "load_failures": "Loads that failed after verification (the request is failed, retryable).",
     "load_bytes": "Payload bytes loaded.",

@@ -174,3 +174,41 @@ def test_lookups_need_no_layout_and_create_none(tmp_path: Path) -> None:
 def test_bad_config_names_the_key(extra: dict[str, object], key: str) -> None:
     with pytest.raises(ValueError, match=key):
         ConnectorConfig.from_extra_config(extra)
+
+
+def test_an_announcement_of_another_model_is_a_miss_not_a_wait(tmp_path: Path) -> None:
+    """A model change rolls producers and consumers apart: a consumer of the old model
+    paired with a producer of the new one must not wait for an entry it will never find."""
+    from types import SimpleNamespace
+
+    from encoderpool_connector.contracts import Announcement
+    from encoderpool_connector.shared_volume.scheduler import SharedVolumeScheduler
+
+    config = ConnectorConfig.from_extra_config(
+        {
+            "transport": "sharedVolume",
+            "model_fingerprint": FP,
+            "encoder_output_widths": {"image": 8},
+            "shared_volume": {"root": str(tmp_path), "capacity_bytes": 1 << 20},
+        }
+    )
+    sched = SharedVolumeScheduler(
+        config,
+        SharedStore(str(tmp_path), 1 << 20, "lru"),
+        is_producer=False,
+        is_consumer=True,
+        model_dtype="bfloat16",
+        measured_widths={},
+        metadata_resolver=None,
+    )
+
+    def request(fingerprint: str) -> SimpleNamespace:
+        feature = SimpleNamespace(identifier="h1", modality="image")
+        params = {"h1": {"encoderpool": Announcement(fingerprint=fingerprint).to_wire()}}
+        return SimpleNamespace(
+            mm_features=[feature], ec_transfer_params=params, get_num_encoder_embeds=lambda i: 4
+        )
+
+    assert sched._start(request(FP), 0).state == "waiting"  # type: ignore[arg-type]
+    assert sched._start(request("fedcba9876543210"), 0).state == "miss"  # type: ignore[arg-type]
+    assert sched.stats.data["foreign_announcements"] == 1
