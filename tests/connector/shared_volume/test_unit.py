@@ -209,6 +209,6 @@ def test_an_announcement_of_another_model_is_a_miss_not_a_wait(tmp_path: Path) -
             mm_features=[feature], ec_transfer_params=params, get_num_encoder_embeds=lambda i: 4
         )
 
-    assert sched._start(request(FP), 0).state == "waiting"  # type: ignore[arg-type]
-    assert sched._start(request("fedcba9876543210"), 0).state == "miss"  # type: ignore[arg-type]
+    assert sched._start(request(FP), 0).state == "waiting"
+    assert sched._start(request("fedcba9876543210"), 0).state == "miss"
     assert sched.stats.data["foreign_announcements"] == 1
