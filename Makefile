@@ -16,7 +16,7 @@ CHECKS ?= tools/checks.sh
 # e.g. make demo DEMO_ARGS="--transport rdma"
 DEMO_ARGS ?=
 
-.PHONY: help venv cluster-bin lint crds test demo demo-local clean-cache
+.PHONY: help venv cluster-bin prepare lint crds test demo demo-local clean-cache
 help:
 	@echo "make demo       - the pool as users run it: kind, images, the chart, a sample EncoderPool, a request"
 	@echo "make demo-local - the same without Docker: local control plane, pods as local processes"
@@ -37,8 +37,12 @@ crds: venv
 	@V=$$(tools/venv.sh); $$V/bin/python -m encoderpool_codegen.crd crds/ && \
 	  $$V/bin/python -m encoderpool_codegen.chart charts/encoderpool-operator
 
+# Everything the tests build or download, network and CPU work side by side (cached).
+prepare:
+	@tools/prepare.sh
+
 # The checks gate the tests: `&&`, and the recipe shell runs with -e -o pipefail.
-test: venv cluster-bin
+test: prepare
 	@$(CHECKS) && V=$$(tools/venv.sh) && export ENCODERPOOL_BIN=$$(e2e/cluster/build.sh) && \
 	  $$V/bin/python -m pytest $(PYTEST_ARGS)
 

