@@ -372,11 +372,19 @@ def vllm_deployment(pool: EncoderPool, role: str, config: ConnectorConfig) -> di
     pod_spec.update(_scheduling(role_spec))
     if role_spec.affinity:
         pod_spec["affinity"] = copy.deepcopy(role_spec.affinity)
+    if role_spec.priority_class_name:
+        pod_spec["priorityClassName"] = role_spec.priority_class_name
+    if role_spec.topology_spread_constraints:
+        selector = selector_labels(pool, role)
+        pod_spec["topologySpreadConstraints"] = [
+            c.render(selector) for c in role_spec.topology_spread_constraints
+        ]
     pod_spec.update(_pull_secrets(pool))
     template: dict[str, Any] = {
         "metadata": {
-            "labels": labels(pool, role),
+            "labels": {**role_spec.pod_labels, **labels(pool, role)},
             "annotations": {
+                **role_spec.pod_annotations,
                 **pod_annotations,
                 ANNOTATION_CONFIG_HASH: config_hash(container, pod_spec),
             },

@@ -104,6 +104,12 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
         "may not set image, command or args",
     ),
     (
+        "pod-labels-of-ours",
+        {"spec": {"producer": {"podLabels": {"app.kubernetes.io/component": "x"}}}},
+        "spec.producer.podLabels",
+        "may not set app.kubernetes.io/*",
+    ),
+    (
         "rollout-that-cannot-move",
         {"spec": {"producer": {"rollout": {"maxSurge": 0, "maxUnavailable": 0}}}},
         "spec.producer.rollout",

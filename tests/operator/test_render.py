@@ -364,3 +364,27 @@ def test_the_router_stays_alive_while_it_has_no_consumers() -> None:
     assert router["livenessProbe"]["httpGet"]["path"] == "/livez"
     assert router["startupProbe"]["httpGet"]["path"] == "/livez"
     assert router["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_typed_pod_fields_reach_the_pods() -> None:
+    raw = load("pool-shared-volume.yaml").model_dump(by_alias=True, exclude={"status"})
+    raw["spec"]["consumer"].update(
+        priorityClassName="lm-high",
+        topologySpreadConstraints=[{"topologyKey": "topology.kubernetes.io/zone"}],
+        podLabels={"team": "vision"},
+        podAnnotations={"example.com/owner": "vision"},
+    )
+    pool = EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})
+    template = children(pool)["Deployment/pool-consumer"]["spec"]["template"]
+    spec = template["spec"]
+    assert spec["priorityClassName"] == "lm-high"
+    (spread,) = spec["topologySpreadConstraints"]
+    assert spread == {
+        "maxSkew": 1,
+        "topologyKey": "topology.kubernetes.io/zone",
+        "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": render.selector_labels(pool, "consumer")},
+    }
+    assert template["metadata"]["labels"]["team"] == "vision"
+    assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "consumer"
+    assert template["metadata"]["annotations"]["example.com/owner"] == "vision"

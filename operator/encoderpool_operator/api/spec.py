@@ -341,6 +341,37 @@ class Toleration(ApiModel):
 _FREE_FORM: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
 
 
+_RESERVED_LABELS = (
+    "podLabels may not set app.kubernetes.io/* or encoderpool.io/* keys: the operator's "
+    "selectors and owner labels use them"
+)
+
+
+class TopologySpreadConstraint(ApiModel):
+    """Spread the role's pods over a topology; the operator selects the role's own pods."""
+
+    max_skew: int = Field(
+        default=1, ge=1, le=1000, description="Most pods one domain may exceed another by."
+    )
+    topology_key: str = Field(
+        min_length=1,
+        max_length=317,
+        description="Node label whose values are the domains, e.g. topology.kubernetes.io/zone.",
+    )
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        default="ScheduleAnyway",
+        description="DoNotSchedule keeps a pod Pending rather than skew further.",
+    )
+
+    def render(self, selector: Mapping[str, str]) -> dict[str, Any]:
+        return {
+            "maxSkew": self.max_skew,
+            "topologyKey": self.topology_key,
+            "whenUnsatisfiable": self.when_unsatisfiable,
+            "labelSelector": {"matchLabels": dict(selector)},
+        }
+
+
 _ROLLOUT_MOVES = "maxSurge and maxUnavailable cannot both be 0: the rollout could never start"
 
 
@@ -414,6 +445,38 @@ class RoleSpec(ApiModel):
         default_factory=RolloutSpec,
         description="How the role's Deployment replaces pods when the spec or model changes.",
     )
+    priority_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="PriorityClass of the pods (it must exist).",
+    )
+    topology_spread_constraints: tuple[TopologySpreadConstraint, ...] = Field(
+        default=(), max_length=8, description="How the pods spread over nodes or zones."
+    )
+    pod_labels: dict[Annotated[str, Field(max_length=317)], Label] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Extra labels on the pods (not app.kubernetes.io/* or encoderpool.io/*).",
+        json_schema_extra=cel_extra(
+            cel(
+                "!self.exists(k, k.startsWith('app.kubernetes.io/') || "
+                "k.startsWith('encoderpool.io/'))",
+                _RESERVED_LABELS,
+            )
+        ),
+    )
+    pod_annotations: dict[
+        Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=4096)]
+    ] = Field(default_factory=dict, max_length=32, description="Extra annotations on the pods.")
+
+    @field_validator("pod_labels")
+    @classmethod
+    def _free_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        if any(k.startswith(("app.kubernetes.io/", "encoderpool.io/")) for k in value):
+            raise ValueError(_RESERVED_LABELS)
+        return value
 
     @field_validator("pod_template")
     @classmethod
