@@ -31,6 +31,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("batch/v1", "Job"): "jobs",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("encoderpool.io/v1alpha1", "EncoderPool"): "encoderpools",
 }
 

@@ -152,6 +152,12 @@ PERMISSIONS: tuple[Permission, ...] = (
         ("get", "list", "create", "patch", "delete"),
         "the router's RoleBinding; deleted with the router",
     ),
+    Permission(
+        "networking.k8s.io",
+        "networkpolicies",
+        ("get", "list", "create", "patch", "delete"),
+        "each pool's ingress NetworkPolicies; deleted when spec.networkPolicy is turned off",
+    ),
     # ---- held only to grant them (Kubernetes refuses a Role granting what its writer lacks)
     Permission(
         "discovery.k8s.io",

@@ -459,6 +459,62 @@ def cache_claim(pool: EncoderPool) -> dict[str, Any] | None:
     }
 
 
+# ----------------------------------------------------------- network policy
+
+
+def _network_policy(pool: EncoderPool, component: str, ingress: list[Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(pool, name_of(pool, component), component),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(pool, component)},
+            "policyTypes": ["Ingress"],
+            # No rules: nothing gets in. (The server drops an empty list; leaving it out
+            # keeps the comparison with the live object exact.)
+            **({"ingress": ingress} if ingress else {}),
+        },
+    }
+
+
+def network_policies(pool: EncoderPool) -> list[dict[str, Any]]:
+    """Ingress policies, one per component: clients -> router -> producers and consumers,
+    consumers -> producers (rdma: side channel and UCX, whose ports are ephemeral),
+    scrapers -> the vLLM port, nothing -> the width Job. Egress is left open (the
+    router watches the API server, the pods may load models from a hub)."""
+    spec = pool.spec.network_policy
+    if not spec.enabled:
+        return []
+    http = [{"protocol": "TCP", "port": HTTP_PORT}]
+    clients = [p.render() for p in spec.clients]
+
+    def allow(peers: list[dict[str, Any]] | None, ports: list[Any] | None = http) -> Any:
+        rule: dict[str, Any] = {} if peers is None else {"from": peers}
+        return {**rule, "ports": ports} if ports else rule
+
+    def pods_of(component: str) -> dict[str, Any]:
+        return {"podSelector": {"matchLabels": selector_labels(pool, component)}}
+
+    anyone_or_clients = clients or None
+    if pool.spec.router.enabled:
+        vllm_port = [allow([pods_of(ROUTER)])]
+    else:  # the user's own proxy reaches the vLLM pods
+        vllm_port = [allow(anyone_or_clients)]
+    if spec.metrics:
+        vllm_port.append(allow([p.render() for p in spec.metrics]))
+    producers = list(vllm_port)
+    if pool.spec.connector.rdma is not None:
+        producers.append(allow([pods_of(CONSUMER)], ports=None))
+    out = [
+        _network_policy(pool, PRODUCER, producers),
+        _network_policy(pool, CONSUMER, vllm_port),
+        _network_policy(pool, WIDTH_JOB, []),
+    ]
+    if pool.spec.router.enabled:
+        out.append(_network_policy(pool, ROUTER, [allow(anyone_or_clients)]))
+    return out
+
+
 # -------------------------------------------------------------------- router
 
 
@@ -688,6 +744,7 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 
 
@@ -724,6 +781,7 @@ def _workload_objects(
         vllm_deployment(pool, CONSUMER, config),
     ]
     objects += router_objects(pool, defaults)
+    objects += network_policies(pool)
     return objects
 
 
@@ -750,4 +808,5 @@ def child_refs(pool: EncoderPool) -> list[tuple[str, str, str]]:
             ("apps/v1", "Deployment", name),
             ("v1", "Service", pool.name),
         ]
+    refs += [(p["apiVersion"], p["kind"], p["metadata"]["name"]) for p in network_policies(pool)]
     return refs

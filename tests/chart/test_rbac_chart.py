@@ -301,11 +301,13 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
             "the stale width Job deleted",
             lambda: get_json(cluster, "jobs", "-n", pool_ns, "-l", WIDTH_JOB_PODS)["items"] == [],
         )
-        # 5. The router off and the transport switched: the operator prunes what the
-        # spec no longer names (the router, its Service and RBAC; the cache PVC).
+        # 5. The router and NetworkPolicies off, the transport switched: the operator
+        # prunes what the spec no longer names (the router, its Service and RBAC, the
+        # policies, the cache PVC).
         cluster.kubectl(
             "patch", "encoderpool", "tiny", "-n", pool_ns, "--type=merge", "-p",
             json.dumps({"spec": {"router": {"enabled": False},
+                                 "networkPolicy": {"enabled": False},
                                  "connector": {"sharedVolume": None, "rdma": {}}}}),
         )  # fmt: skip
         wait_until(

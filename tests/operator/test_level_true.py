@@ -109,6 +109,22 @@ def test_a_disabled_router_is_pruned_and_comes_back(
     )
 
 
+def test_network_policies_follow_the_spec(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ready_sample_pool(cluster, namespace)
+    names = cluster.kubectl("get", "networkpolicy", "-n", namespace, "-o", "name").split()
+    assert sorted(names) == [
+        f"networkpolicy.networking.k8s.io/tiny-{c}"
+        for c in ("consumer", "producer", "router", "width-job")
+    ]
+    patch_pool(cluster, namespace, {"spec": {"networkPolicy": {"enabled": False}}})
+    wait_until(
+        "the NetworkPolicies deleted",
+        lambda: not cluster.kubectl("get", "networkpolicy", "-n", namespace, "-o", "name").strip(),
+    )
+
+
 def test_a_transport_switch_leaves_nothing_of_the_old_one(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess
 ) -> None:

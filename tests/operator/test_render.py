@@ -388,3 +388,53 @@ def test_typed_pod_fields_reach_the_pods() -> None:
     assert template["metadata"]["labels"]["team"] == "vision"
     assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "consumer"
     assert template["metadata"]["annotations"]["example.com/owner"] == "vision"
+
+
+def _policies(pool: EncoderPool) -> dict[str, dict[str, Any]]:
+    return {
+        k.split("/", 1)[1]: v["spec"] for k, v in children(pool).items() if k.startswith("Network")
+    }
+
+
+def test_network_policies_let_in_only_who_needs_each_port() -> None:
+    policies = _policies(load("pool-rdma.yaml"))
+    assert set(policies) == {"pool-producer", "pool-consumer", "pool-router", "pool-width-job"}
+    http = [{"protocol": "TCP", "port": render.HTTP_PORT}]
+    router = {
+        "podSelector": {"matchLabels": render.selector_labels(load("pool-rdma.yaml"), "router")}
+    }
+    consumers = {"matchLabels": render.selector_labels(load("pool-rdma.yaml"), "consumer")}
+    assert policies["pool-consumer"]["ingress"] == [{"from": [router], "ports": http}]
+    assert policies["pool-producer"]["ingress"] == [
+        {"from": [router], "ports": http},
+        {"from": [{"podSelector": consumers}]},  # side channel and UCX: any port
+    ]
+    assert policies["pool-router"]["ingress"] == [{"ports": http}]  # clients: anyone
+    assert "ingress" not in policies["pool-width-job"]  # no rule: nothing reaches it
+    assert all(p["policyTypes"] == ["Ingress"] for p in policies.values())
+
+
+def test_network_policy_clients_metrics_and_opt_out() -> None:
+    raw = load("pool-shared-volume.yaml").model_dump(by_alias=True, exclude={"status"})
+    raw["spec"]["router"] = {"enabled": False}
+    raw["spec"]["networkPolicy"] = {
+        "clients": [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}],
+        "metrics": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
+    }
+    pool = EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})
+    policies = _policies(pool)
+    assert "pool-router" not in policies
+    http = [{"protocol": "TCP", "port": render.HTTP_PORT}]
+    apps = {"from": [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}], "ports": http}
+    scrapers = {
+        "from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
+        "ports": http,
+    }
+    assert policies["pool-consumer"]["ingress"] == [apps, scrapers]
+    assert policies["pool-producer"]["ingress"] == [apps, scrapers]  # no rdma: no consumer rule
+    raw["spec"]["networkPolicy"] = {"enabled": False}
+    off = EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})
+    assert _policies(off) == {}
+    raw["spec"]["networkPolicy"] = {"clients": [{}]}
+    with pytest.raises(ValueError, match="at least one of podSelector"):
+        EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})

@@ -723,6 +723,96 @@ class ConnectorSpec(ApiModel):
         return "sharedVolume" if self.shared_volume is not None else "rdma"
 
 
+_ONE_SELECTOR = "set at least one of podSelector, namespaceSelector or ipBlock"
+
+
+class LabelSelector(ApiModel):
+    """Objects whose labels hold every pair (an empty selector matches all)."""
+
+    match_labels: dict[Annotated[str, Field(max_length=317)], Label] = Field(
+        default_factory=dict, max_length=16, description="Labels the objects must carry."
+    )
+
+    def render(self) -> dict[str, Any]:
+        return {"matchLabels": dict(self.match_labels)}
+
+
+class IpBlock(ApiModel):
+    """An address range (for clients outside the cluster, e.g. a load balancer's)."""
+
+    cidr: str = Field(
+        min_length=9, max_length=43, pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$", description="CIDR."
+    )
+    except_: tuple[
+        Annotated[str, Field(max_length=43, pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$")], ...
+    ] = Field(
+        default=(), alias="except", max_length=16, description="CIDRs inside cidr to leave out."
+    )
+
+
+class NetworkPeer(ApiModel):
+    """Who may connect: as a NetworkPolicyPeer (selectors by matchLabels)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_extra(
+            cel(
+                "has(self.podSelector) || has(self.namespaceSelector) || has(self.ipBlock)",
+                _ONE_SELECTOR,
+            )
+        )
+    )
+
+    pod_selector: LabelSelector | None = Field(
+        default=None, description="Pods (in the pool's namespace, or the selected namespaces)."
+    )
+    namespace_selector: LabelSelector | None = Field(
+        default=None, description="Namespaces; {} means every namespace."
+    )
+    ip_block: IpBlock | None = Field(default=None, description="An address range.")
+
+    @model_validator(mode="after")
+    def _something(self) -> NetworkPeer:
+        if self.pod_selector is None and self.namespace_selector is None and self.ip_block is None:
+            raise ValueError(_ONE_SELECTOR)
+        return self
+
+    def render(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.pod_selector is not None:
+            out["podSelector"] = self.pod_selector.render()
+        if self.namespace_selector is not None:
+            out["namespaceSelector"] = self.namespace_selector.render()
+        if self.ip_block is not None:
+            out["ipBlock"] = self.ip_block.model_dump(
+                mode="json", by_alias=True, exclude_defaults=True
+            )
+        return out
+
+
+class NetworkPolicySpec(ApiModel):
+    """Who may reach the pool's pods: one ingress NetworkPolicy per component.
+
+    Clients reach the router; the router reaches producers and consumers; consumers
+    reach producers (rdma: the side channel and UCX's ports); nothing reaches the
+    width Job. vLLM serves /metrics on its API port, so scrapers named in
+    ``metrics`` can reach that port (and with it the API). Effective only where the
+    cluster's network plugin enforces NetworkPolicy.
+    """
+
+    enabled: bool = Field(default=True, description="Render the policies; false removes them.")
+    clients: tuple[NetworkPeer, ...] = Field(
+        default=(),
+        max_length=16,
+        description="Who may reach the pool's endpoint (the router; without a router, the "
+        "consumers and producers). Empty: anyone.",
+    )
+    metrics: tuple[NetworkPeer, ...] = Field(
+        default=(),
+        max_length=16,
+        description="Scrapers allowed on the vLLM pods' port (it serves /metrics and the API).",
+    )
+
+
 class RouterSpec(ApiModel):
     """The pool's OpenAI-compatible endpoint: fans media out to producers, text to consumers."""
 
@@ -791,6 +881,10 @@ class EncoderPoolSpec(ApiModel):
     connector: ConnectorSpec = Field(description="How embeddings reach the consumers.")
     router: RouterSpec = Field(
         default_factory=RouterSpec, description="The pool's endpoint; on by default."
+    )
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec,
+        description="Ingress NetworkPolicies for the pool's pods; on by default.",
     )
     width_job: WidthJobSpec = Field(
         default_factory=WidthJobSpec, description="The encoder-width measurement Job."
