@@ -7,7 +7,7 @@
          (each carries a digest of itself, so a removed field is a difference too),
          delete width Jobs of earlier models
     children the pool controls that the spec no longer names -> deleted
-      -> Deployments observed -> conditions -> status, written only when it changed
+    Deployments observed -> conditions -> status, written only when it changed
 
 No I/O and no clock: the same ``Snapshot`` and ``now`` always give the same
 ``Plan``, which is what lets tests cover many cases without a cluster, and a
