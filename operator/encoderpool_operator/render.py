@@ -551,6 +551,9 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
         "readinessProbe": _http_probe(period=5, failures=3),
         "livenessProbe": _http_probe(period=15, failures=4, path="/livez"),
     }
+    if pool.spec.model.limit_mm_per_prompt:  # refused at the router, before any fan-out
+        limits = json.dumps(dict(pool.spec.model.limit_mm_per_prompt), sort_keys=True)
+        container["args"] += ["--limit-mm-per-prompt", limits]
     if pool.spec.connector.shared_volume is not None:
         # A file stays on the volume after a producer wrote it, so repeats of a
         # recently encoded item can skip the producer's round trip (~12 ms on a

@@ -33,7 +33,7 @@ from encoderpool_router.backends import (
     kube_client,
 )
 from encoderpool_router.config import RouterSettings
-from encoderpool_router.media import encoder_request, media_items, media_key
+from encoderpool_router.media import encoder_request, media_items, media_key, over_limits
 from encoderpool_router.metrics import RouterMetrics
 from encoderpool_router.policy import (
     RecentlyEncoded,
@@ -99,6 +99,7 @@ class Router:
             RecentlyEncoded(settings.reuse_encoded_s) if settings.reuse_encoded_s else None
         )
         self._session: aiohttp.ClientSession | None = None
+        self._producer_slots = asyncio.Semaphore(settings.max_producer_requests)
         for role in (self.producers, self.consumers):
             role.listeners.append(self._count_backends)
             self._count_backends(role)
@@ -191,6 +192,12 @@ class Router:
             body = parsed
             body.pop(EC_PARAMS, None)
             items = media_items(body) if path == CHAT_PATH else []
+            limits = self.settings
+            if too_many := over_limits(
+                items, limits.max_items_per_request, limits.limit_mm_per_prompt
+            ):
+                self.metrics.error("too_many_items")
+                return _error(400, too_many, "invalid_request_error", rid)
             if items:
                 params = await self._encode_remotely(body, items, rid)
                 if params:
@@ -232,10 +239,21 @@ class Router:
     async def _encode_remotely(
         self, body: dict[str, Any], items: list[dict[str, Any]], rid: str
     ) -> dict[str, Any]:
-        """Each item to a producer at once; the merged params of those that answered."""
-        results = await asyncio.gather(
-            *(self._encode_one(body, part, f"{rid}-enc{i}") for i, part in enumerate(items))
-        )
+        """Each distinct item to a producer, at most ``max_encodes_per_request`` at once
+        (a repeated item is encoded once); the merged params of those that answered."""
+        by_key: dict[bytes, dict[str, Any]] = {}
+        for part in items:
+            by_key.setdefault(media_key(part), part)
+        distinct = list(by_key.values())
+        if len(items) > len(distinct):
+            self.metrics.items.labels("duplicate").inc(len(items) - len(distinct))
+        mine = asyncio.Semaphore(self.settings.max_encodes_per_request)
+
+        async def one(i: int, part: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+            async with mine:
+                return await self._encode_one(body, part, f"{rid}-enc{i}")
+
+        results = await asyncio.gather(*(one(i, part) for i, part in enumerate(distinct)))
         merged: dict[str, Any] = {}
         for where, params in results:
             self.metrics.items.labels(where).inc()
@@ -250,6 +268,19 @@ class Router:
         key = media_key(part)
         if self.recent is not None and self.recent.fresh(key):
             return "reused", {}
+        try:  # a slot among all clients' producer requests, or the consumer encodes it
+            await asyncio.wait_for(self._producer_slots.acquire(), self.settings.producer_timeout_s)
+        except TimeoutError:
+            self.metrics.error("producer_saturated")
+            return "local", {}
+        try:
+            return await self._encode_on_producer(body, part, key, rid)
+        finally:
+            self._producer_slots.release()
+
+    async def _encode_on_producer(
+        self, body: dict[str, Any], part: dict[str, Any], key: bytes, rid: str
+    ) -> tuple[str, dict[str, Any]]:
         producer = choose_producer(key, self.producers.backends, self.settings.producer_load_bound)
         if producer is None:
             self.metrics.error("producer_unavailable")

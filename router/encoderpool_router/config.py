@@ -8,6 +8,7 @@ fails at start-up with a message naming the flag and what to do.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
@@ -87,6 +88,26 @@ class RouterSettings(BaseSettings):
     max_body_bytes: Annotated[int, Field(ge=1 << 10, le=1 << 31)] = Field(
         default=64 << 20, description="Largest request body accepted from a client."
     )
+    max_items_per_request: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=32,
+        description="Most media items one request may carry; more is a 400, before any "
+        "producer is asked.",
+    )
+    limit_mm_per_prompt: Annotated[dict[str, Annotated[int, Field(ge=0, le=1024)]], NoDecode] = (
+        Field(
+            default_factory=dict,
+            description="Most items per modality in one request, as vLLM's --limit-mm-per-prompt "
+            '(JSON, e.g. {"image": 4}); more is a 400 before any fan-out.',
+        )
+    )
+    max_encodes_per_request: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=8, description="Producer requests one client request may have in flight."
+    )
+    max_producer_requests: Annotated[int, Field(ge=1, le=100000)] = Field(
+        default=256,
+        description="Producer requests in flight across all clients; an item that waits past "
+        "--producer-timeout-s for a slot is encoded by the consumer instead.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level of the router's own loggers."
     )
@@ -97,6 +118,17 @@ class RouterSettings(BaseSettings):
         """Accept ``a,b`` (flags, environment) as well as a list."""
         if isinstance(v, str):
             return tuple(u.strip() for u in v.split(",") if u.strip())
+        return v
+
+    @field_validator("limit_mm_per_prompt", mode="before")
+    @classmethod
+    def _json_limits(cls, v: Any) -> Any:
+        """Flags and environment give the limits as JSON text."""
+        if isinstance(v, str):
+            try:
+                return json.loads(v) if v.strip() else {}
+            except ValueError as e:
+                raise ValueError(f'not JSON like {{"image": 4}}: {e}') from None
         return v
 
     @field_validator("producers", "consumers")

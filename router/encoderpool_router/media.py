@@ -8,6 +8,13 @@ from typing import Any
 
 # Content part types whose items vLLM encodes (as its chat parser names them).
 MEDIA_TYPES = frozenset({"image_url", "audio_url", "input_audio", "video_url"})
+# The modality vLLM's --limit-mm-per-prompt counts each part type under.
+MODALITY = {
+    "image_url": "image",
+    "video_url": "video",
+    "audio_url": "audio",
+    "input_audio": "audio",
+}
 # Request fields that change what the encoder emits, so a producer must see them too.
 _ENCODER_FIELDS = ("mm_processor_kwargs",)
 
@@ -24,6 +31,21 @@ def media_items(body: dict[str, Any]) -> list[dict[str, Any]]:
         for part in msg["content"]
         if isinstance(part, dict) and part.get("type") in MEDIA_TYPES
     ]
+
+
+def over_limits(items: list[dict[str, Any]], most: int, per_modality: dict[str, int]) -> str | None:
+    """Why ``items`` are too many for one request (a 400's message), or None."""
+    if len(items) > most:
+        return f"{len(items)} media items in one request; at most {most} are accepted"
+    counts: dict[str, int] = {}
+    for part in items:
+        modality = MODALITY[str(part["type"])]
+        counts[modality] = counts.get(modality, 0) + 1
+    for modality, n in sorted(counts.items()):
+        limit = per_modality.get(modality)
+        if limit is not None and n > limit:
+            return f"{n} {modality} items in one request; this model accepts at most {limit}"
+    return None
 
 
 def media_key(part: dict[str, Any]) -> bytes:

@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 # Every error kind the router counts; pre-created so dashboards see zeros, not gaps.
 ERROR_KINDS = (
     "bad_request",  # the client's body is not a JSON object
+    "too_many_items",  # more media items than --max-items-per-request / --limit-mm-per-prompt
+    "producer_saturated",  # no producer slot free within --producer-timeout-s (consumer encodes)
     "producer_unavailable",  # no producer known: items encoded by the consumer
     "producer_timeout",  # a producer took longer than --producer-timeout-s
     "producer_error",  # a producer refused, failed, or answered without ec_transfer_params
@@ -35,7 +37,8 @@ class RouterMetrics:
         self.items = Counter(
             "encoderpool_router_media_items",
             "Media items by where they were encoded: remote (a producer), local (the "
-            "consumer), reused (a producer encoded it moments ago; not sent again).",
+            "consumer), reused (a producer encoded it moments ago; not sent again), duplicate "
+            "(the same item again in one request; encoded once).",
             ["encoded"],
             registry=r,
         )
@@ -69,7 +72,7 @@ class RouterMetrics:
         )
         for kind in ERROR_KINDS:
             self.errors.labels(kind)
-        for where in ("remote", "local", "reused"):
+        for where in ("remote", "local", "reused", "duplicate"):
             self.items.labels(where)
 
     def error(self, kind: str) -> None:

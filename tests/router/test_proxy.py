@@ -411,3 +411,113 @@ def test_reuse_skips_producers_for_items_encoded_moments_ago() -> None:
             assert len(p.seen) == 4
 
     run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("settings", "images", "message"),
+    [
+        ({"max_items_per_request": 3}, 4, "4 media items in one request; at most 3"),
+        ({"limit_mm_per_prompt": {"image": 2}}, 3, "3 image items in one request; this model"),
+    ],
+)
+def test_too_many_items_is_a_400_before_any_producer_is_asked(
+    settings: dict[str, Any], images: int, message: str
+) -> None:
+    async def scenario() -> None:
+        p, c = FakeBackend("producer"), FakeBackend("consumer")
+        async with (
+            fakes(p, c) as (purl, curl),
+            router_at([purl], [curl], **settings) as (
+                router,
+                url,
+            ),
+        ):
+            body = chat_request(*(image(i) for i in range(images)))
+            status, out, _ = await post(url + "/v1/chat/completions", body)
+            assert status == 400
+            assert message in out["error"]["message"]
+            assert sample(router, "encoderpool_router_errors_total", kind="too_many_items") == 1
+            ok, _, _ = await post(url + "/v1/chat/completions", chat_request(image(0)))
+            assert ok == 200  # the honest request still goes through
+        assert len(p.seen) == 1
+        assert len(c.seen) == 1
+
+    run(scenario())
+
+
+def test_a_repeated_item_is_encoded_once() -> None:
+    async def scenario() -> None:
+        p, c = FakeBackend("producer"), FakeBackend("consumer")
+        async with fakes(p, c) as (purl, curl), router_at([purl], [curl]) as (router, url):
+            body = chat_request(image(1), image(1), image(1), image(2))
+            status, out, _ = await post(url + "/v1/chat/completions", body)
+            assert status == 200, out
+            assert sample(router, "encoderpool_router_media_items_total", encoded="duplicate") == 2
+        assert len(p.seen) == 2
+        assert len(c.seen[0].body["ec_transfer_params"]) == 2  # type: ignore[index]
+
+    run(scenario())
+
+
+def test_fan_out_is_bounded_per_request_and_in_total() -> None:
+    async def scenario() -> None:
+        p, c = FakeBackend("producer", delay_s=0.4), FakeBackend("consumer")
+        async with (
+            fakes(p, c) as (purl, curl),
+            router_at(
+                [purl],
+                [curl],
+                max_encodes_per_request=2,
+                max_producer_requests=1,
+                producer_load_bound=100,
+                producer_timeout_s=1.0,
+            ) as (router, url),
+        ):
+            peak = 0
+
+            async def watch() -> None:
+                nonlocal peak
+                while True:
+                    peak = max(peak, router.producers.backends[0].in_flight)
+                    await asyncio.sleep(0.01)
+
+            watcher = asyncio.create_task(watch())
+            # 3 clients x 4 items: 2 of each wait for the one slot (0.4 s per item); those
+            # still waiting after producer_timeout_s go to the consumer instead.
+            bodies = [chat_request(*(image(10 * k + i) for i in range(4))) for k in range(3)]
+            answers = await asyncio.gather(*(post(url + "/v1/chat/completions", b) for b in bodies))
+            watcher.cancel()
+            assert [a[0] for a in answers] == [200, 200, 200]
+            assert peak == 1
+            assert sample(router, "encoderpool_router_errors_total", kind="producer_saturated") > 0
+            assert sample(router, "encoderpool_router_media_items_total", encoded="remote") >= 2
+        assert len(p.seen) < 12  # not every item reached the producer
+
+    async def one_request() -> None:
+        p, c = FakeBackend("producer", delay_s=0.2), FakeBackend("consumer")
+        async with (
+            fakes(p, c) as (purl, curl),
+            router_at([purl], [curl], max_encodes_per_request=2, producer_load_bound=100) as (
+                router,
+                url,
+            ),
+        ):
+            peak = 0
+
+            async def watch() -> None:
+                nonlocal peak
+                while True:
+                    peak = max(peak, router.producers.backends[0].in_flight)
+                    await asyncio.sleep(0.01)
+
+            watcher = asyncio.create_task(watch())
+            body = chat_request(*(image(i) for i in range(6)))
+            status, _, _ = await post(url + "/v1/chat/completions", body)
+            watcher.cancel()
+            assert status == 200
+            assert peak == 2  # one request never has more than 2 items on producers
+        assert len(p.seen) == 6  # all of them, two at a time
+
+    run(one_request())
+
+    run(scenario())
