@@ -272,6 +272,8 @@ def vllm_args(pool: EncoderPool, role: str, config: ConnectorConfig) -> list[str
             "--limit-mm-per-prompt",
             json.dumps(dict(spec.model.limit_mm_per_prompt), sort_keys=True),
         ]
+    if spec.model.media.allowed_domains:
+        args += ["--allowed-media-domains", *spec.model.media.allowed_domains]
     args += ["--ec-transfer-config", ec_transfer_config(pool, config, role)]
     args += list(spec.model.extra_args)
     return args
@@ -315,6 +317,11 @@ def vllm_deployment(pool: EncoderPool, role: str, config: ConnectorConfig) -> di
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "DO_NOT_TRACK", "value": "1"},
         {"name": "HOME", "value": "/home/vllm"},
+        # A redirect can lead a media fetch anywhere (the last value of a name wins).
+        {
+            "name": "VLLM_MEDIA_URL_ALLOW_REDIRECTS",
+            "value": "1" if spec.model.media.allow_redirects else "0",
+        },
     ]
     mounts = [
         {"name": "dshm", "mountPath": "/dev/shm"},
@@ -551,6 +558,11 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
         "readinessProbe": _http_probe(period=5, failures=3),
         "livenessProbe": _http_probe(period=15, failures=4, path="/livez"),
     }
+    media = pool.spec.model.media
+    if media.allowed_domains:
+        container["args"] += ["--allowed-media-domains", ",".join(media.allowed_domains)]
+    if media.allow_private_addresses:
+        container["args"] += ["--allow-private-media", "true"]
     if pool.spec.model.limit_mm_per_prompt:  # refused at the router, before any fan-out
         limits = json.dumps(dict(pool.spec.model.limit_mm_per_prompt), sort_keys=True)
         container["args"] += ["--limit-mm-per-prompt", limits]

@@ -33,7 +33,14 @@ from encoderpool_router.backends import (
     kube_client,
 )
 from encoderpool_router.config import RouterSettings
-from encoderpool_router.media import encoder_request, media_items, media_key, over_limits
+from encoderpool_router.media import (
+    encoder_request,
+    media_items,
+    media_key,
+    media_url,
+    over_limits,
+    url_problem,
+)
 from encoderpool_router.metrics import RouterMetrics
 from encoderpool_router.policy import (
     RecentlyEncoded,
@@ -198,6 +205,9 @@ class Router:
             ):
                 self.metrics.error("too_many_items")
                 return _error(400, too_many, "invalid_request_error", rid)
+            if refused := await self._refused_media(items):
+                self.metrics.error("media_url_refused")
+                return _error(400, refused, "invalid_request_error", rid)
             if items:
                 params = await self._encode_remotely(body, items, rid)
                 if params:
@@ -235,6 +245,20 @@ class Router:
         return body
 
     # --- producers ----------------------------------------------------------------
+
+    async def _refused_media(self, items: list[dict[str, Any]]) -> str | None:
+        """Why one of the items' URLs may not be fetched (SSRF guard), or None."""
+        settings = self.settings
+        for part in items:
+            url = media_url(part)
+            if url is None or url[:5].lower() == "data:":  # inline: nothing is fetched
+                continue
+            problem = await asyncio.to_thread(
+                url_problem, url, settings.allowed_media_domains, settings.allow_private_media
+            )
+            if problem:
+                return problem
+        return None
 
     async def _encode_remotely(
         self, body: dict[str, Any], items: list[dict[str, Any]], rid: str

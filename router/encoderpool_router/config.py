@@ -100,6 +100,15 @@ class RouterSettings(BaseSettings):
             '(JSON, e.g. {"image": 4}); more is a 400 before any fan-out.',
         )
     )
+    allowed_media_domains: UrlList = Field(
+        default=(),
+        description="Hosts media URLs may name, exactly (comma-separated); empty: any public host.",
+    )
+    allow_private_media: bool = Field(
+        default=False,
+        description="Let media URLs name private, loopback or link-local addresses "
+        "(otherwise a 400: they reach services inside the cluster).",
+    )
     max_encodes_per_request: Annotated[int, Field(ge=1, le=1024)] = Field(
         default=8, description="Producer requests one client request may have in flight."
     )
@@ -112,7 +121,7 @@ class RouterSettings(BaseSettings):
         default="INFO", description="Log level of the router's own loggers."
     )
 
-    @field_validator("producers", "consumers", mode="before")
+    @field_validator("producers", "consumers", "allowed_media_domains", mode="before")
     @classmethod
     def _split(cls, v: Any) -> Any:
         """Accept ``a,b`` (flags, environment) as well as a list."""

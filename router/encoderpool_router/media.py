@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
+import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 # Content part types whose items vLLM encodes (as its chat parser names them).
 MEDIA_TYPES = frozenset({"image_url", "audio_url", "input_audio", "video_url"})
@@ -46,6 +49,64 @@ def over_limits(items: list[dict[str, Any]], most: int, per_modality: dict[str, 
         if limit is not None and n > limit:
             return f"{n} {modality} items in one request; this model accepts at most {limit}"
     return None
+
+
+def media_url(part: dict[str, Any]) -> str | None:
+    """The URL a part names (``image_url.url`` ...), if it names one."""
+    payload = part.get(str(part.get("type")))
+    url = payload.get("url") if isinstance(payload, dict) else None
+    return url if isinstance(url, str) else None
+
+
+def _private(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return not ip.is_global
+
+
+def url_problem(
+    url: str, allowed_domains: tuple[str, ...], allow_private: bool, resolve: bool = True
+) -> str | None:
+    """Why a media URL may not be fetched (a 400's message), or None.
+
+    Only http(s) and inline data; only hosts of the allow-list when there is one;
+    never a private, loopback or link-local address (as a literal, or as what the
+    name resolves to here) unless ``allow_private``. vLLM resolves again when it
+    fetches, so this is a guard, not a wall: NetworkPolicy egress is the wall.
+    """
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "data":
+        return None
+    if scheme not in ("http", "https"):
+        return f"media URL scheme {scheme or '(none)'!r} is refused; use http, https or data"
+    host = (parts.hostname or "").lower()
+    if not host:
+        return "media URL has no host"
+    if allowed_domains and host not in allowed_domains:
+        return f"media URL host {host!r} is not among the allowed domains"
+    if allow_private:
+        return None
+    try:
+        addresses = [host] if _is_ip(host) else _resolve(host) if resolve else []
+    except OSError:
+        return None  # unresolvable here: vLLM's fetch fails on its own
+    if any(_private(a) for a in addresses):
+        return f"media URL host {host!r} is a private, loopback or link-local address"
+    return None
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _resolve(host: str) -> list[str]:
+    return [str(info[4][0]) for info in socket.getaddrinfo(host, None)]
 
 
 def media_key(part: dict[str, Any]) -> bytes:

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 ERROR_KINDS = (
     "bad_request",  # the client's body is not a JSON object
     "too_many_items",  # more media items than --max-items-per-request / --limit-mm-per-prompt
+    "media_url_refused",  # a media URL of another scheme, host or a private address: 400
     "producer_saturated",  # no producer slot free within --producer-timeout-s (consumer encodes)
     "producer_unavailable",  # no producer known: items encoded by the consumer
     "producer_timeout",  # a producer took longer than --producer-timeout-s

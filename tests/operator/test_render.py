@@ -438,3 +438,27 @@ def test_network_policy_clients_metrics_and_opt_out() -> None:
     raw["spec"]["networkPolicy"] = {"clients": [{}]}
     with pytest.raises(ValueError, match="at least one of podSelector"):
         EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})
+
+
+def test_media_fetching_is_guarded_by_default_and_configurable() -> None:
+    objs = children(load("pool-shared-volume.yaml"))
+    vllm = container(objs, "pool-consumer")
+    env = {e["name"]: e.get("value") for e in vllm["env"]}
+    assert env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
+    assert "--allowed-media-domains" not in vllm["args"]
+    assert "--allow-private-media" not in container(objs, "pool-router")["args"]
+    raw = load("pool-shared-volume.yaml").model_dump(by_alias=True, exclude={"status"})
+    raw["spec"]["model"]["media"] = {
+        "allowedDomains": ["images.example.com", "cdn.example.com"],
+        "allowRedirects": True,
+        "allowPrivateAddresses": True,
+    }
+    meta = {"name": "pool", "namespace": "ml", "uid": "u"}
+    objs = children(EncoderPool.from_object({**raw, "metadata": meta}))
+    vllm = container(objs, "pool-producer")
+    i = vllm["args"].index("--allowed-media-domains")
+    assert vllm["args"][i + 1 : i + 3] == ["images.example.com", "cdn.example.com"]
+    assert {e["name"]: e.get("value") for e in vllm["env"]}["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "1"
+    settings = parse_settings(container(objs, "pool-router")["args"])
+    assert settings.allowed_media_domains == ("images.example.com", "cdn.example.com")
+    assert settings.allow_private_media is True

@@ -521,3 +521,67 @@ def test_fan_out_is_bounded_per_request_and_in_total() -> None:
     run(one_request())
 
     run(scenario())
+
+
+def url_part(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def chat_with(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": "what?"}]}],
+    }
+
+
+def test_media_urls_that_reach_inside_are_refused() -> None:
+    """A client's image URL must not make the pool fetch from the cluster's inside: the
+    test's own loopback services stand in for them."""
+
+    async def scenario() -> None:
+        p, c = FakeBackend("producer"), FakeBackend("consumer")
+        async with fakes(p, c) as (purl, curl), router_at([purl], [curl]) as (router, url):
+            for bad, why in [
+                ("file:///etc/passwd", "scheme 'file' is refused"),
+                ("gopher://example.com/x", "scheme 'gopher' is refused"),
+                (purl + "/v1/models", "private, loopback or link-local"),  # a live service
+                ("http://localhost:1/x.png", "private, loopback or link-local"),
+                ("http://169.254.169.254/latest/meta-data", "private, loopback or link-local"),
+                ("http://[::ffff:10.0.0.1]/x.png", "private, loopback or link-local"),
+                ("http://10.96.0.1/x.png", "private, loopback or link-local"),
+            ]:
+                status, out, _ = await post(url + "/v1/chat/completions", chat_with(url_part(bad)))
+                assert status == 400, bad
+                assert why in out["error"]["message"], (bad, out)
+            refused = sample(router, "encoderpool_router_errors_total", kind="media_url_refused")
+            assert refused == 7
+            # Inline data still works: nothing is fetched.
+            ok, _, _ = await post(url + "/v1/chat/completions", chat_request(image(1)))
+            assert ok == 200
+        assert len(p.seen) == 1  # only the honest item reached a producer
+        assert len(c.seen) == 1
+
+    run(scenario())
+
+
+def test_media_domains_allow_list_and_the_private_opt_in() -> None:
+    async def scenario() -> None:
+        p, c = FakeBackend("producer"), FakeBackend("consumer")
+        async with (
+            fakes(p, c) as (purl, curl),
+            router_at(
+                [purl], [curl], allowed_media_domains=("127.0.0.1",), allow_private_media=True
+            ) as (_router, url),
+        ):
+            status, out, _ = await post(
+                url + "/v1/chat/completions", chat_with(url_part("https://example.com/x.png"))
+            )
+            assert status == 400
+            assert "'example.com' is not among the allowed domains" in out["error"]["message"]
+            status, _, _ = await post(
+                url + "/v1/chat/completions", chat_with(url_part(purl + "/cat.png"))
+            )
+            assert status == 200  # an in-cluster media server, allowed on purpose
+        assert len(p.seen) == 1
+
+    run(scenario())

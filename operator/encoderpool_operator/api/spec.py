@@ -47,7 +47,8 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # vLLM flags the operator renders from typed fields; `extraArgs` may not set them.
 OWNED_FLAGS_PATTERN = (
     r"^(--(model|revision|dtype|served[-_]model[-_]name|tensor[-_]parallel[-_]size"
-    r"|limit[-_]mm[-_]per[-_]prompt|ec[-_]transfer[-_]config|host|port)|-tp)(=.*)?$"
+    r"|limit[-_]mm[-_]per[-_]prompt|ec[-_]transfer[-_]config|host|port"
+    r"|allowed[-_]media[-_]domains|allowed[-_]local[-_]media[-_]path)|-tp)(=.*)?$"
 )
 
 
@@ -151,6 +152,38 @@ _NAME_IN_SOURCE = (
 _TOKEN_IN_ENV = f"{HUB_TOKEN_ENV} is set from hubToken: remove it from env"
 
 
+HOSTNAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class MediaFetchSpec(ApiModel):
+    """Where the pool's pods may fetch media from when a request names it by URL.
+
+    A request's image URL makes a vLLM pod (and the router's checks) reach out:
+    without limits a client can point it at services inside the cluster. The
+    router refuses other schemes than http, https and data, and addresses in
+    private, loopback and link-local ranges; vLLM gets the domain allow-list and
+    no redirects.
+    """
+
+    allowed_domains: tuple[Annotated[str, Field(max_length=253, pattern=HOSTNAME_PATTERN)], ...] = (
+        Field(
+            default=(),
+            max_length=64,
+            description="Hosts media URLs may name, exactly (vLLM --allowed-media-domains); "
+            "empty: any public host.",
+        )
+    )
+    allow_redirects: bool = Field(
+        default=False,
+        description="Follow HTTP redirects when fetching media (a redirect can lead anywhere).",
+    )
+    allow_private_addresses: bool = Field(
+        default=False,
+        description="Let media URLs name private, loopback or link-local addresses (an "
+        "in-cluster media server); off, the router refuses them.",
+    )
+
+
 class ModelSpec(ApiModel):
     """The multimodal model every producer and consumer serves, and how vLLM serves it."""
 
@@ -210,6 +243,10 @@ class ModelSpec(ApiModel):
         max_length=8,
         description="Most media items of each modality in one prompt (vLLM "
         "--limit-mm-per-prompt) by modality name, e.g. {image: 4, video: 0}.",
+    )
+    media: MediaFetchSpec = Field(
+        default_factory=MediaFetchSpec,
+        description="Where media URLs in requests may point (fetching is SSRF-guarded).",
     )
     extra_args: tuple[Annotated[str, Field(min_length=1, max_length=1024)], ...] = Field(
         default=(),
