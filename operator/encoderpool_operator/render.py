@@ -558,6 +558,8 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
         "readinessProbe": _http_probe(period=5, failures=3),
         "livenessProbe": _http_probe(period=15, failures=4, path="/livez"),
     }
+    if router.trust_client_media_ids:
+        container["args"] += ["--trust-client-media-ids", "true"]
     media = pool.spec.model.media
     if media.allowed_domains:
         container["args"] += ["--allowed-media-domains", ",".join(media.allowed_domains)]

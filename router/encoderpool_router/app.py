@@ -205,6 +205,9 @@ class Router:
             ):
                 self.metrics.error("too_many_items")
                 return _error(400, too_many, "invalid_request_error", rid)
+            if not limits.trust_client_media_ids:
+                for part in items:  # an item is what its bytes are, never what a client says
+                    part.pop("uuid", None)
             if refused := await self._refused_media(items):
                 self.metrics.error("media_url_refused")
                 return _error(400, refused, "invalid_request_error", rid)

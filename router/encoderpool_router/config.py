@@ -109,6 +109,12 @@ class RouterSettings(BaseSettings):
         description="Let media URLs name private, loopback or link-local addresses "
         "(otherwise a 400: they reach services inside the cluster).",
     )
+    trust_client_media_ids: bool = Field(
+        default=False,
+        description="Keep the uuid a client gives a media item. vLLM then keys the item's "
+        "embedding by it, so one client could have another's request answered with its "
+        "media: only for single-tenant pools. Off: uuids are dropped (vLLM hashes content).",
+    )
     max_encodes_per_request: Annotated[int, Field(ge=1, le=1024)] = Field(
         default=8, description="Producer requests one client request may have in flight."
     )

@@ -585,3 +585,27 @@ def test_media_domains_allow_list_and_the_private_opt_in() -> None:
         assert len(p.seen) == 1
 
     run(scenario())
+
+
+def test_a_client_s_media_uuid_never_reaches_vllm_unless_trusted() -> None:
+    """vLLM keys an item by its uuid: a client reusing another's uuid with other bytes
+    would otherwise be answered with the other client's embedding (or poison it)."""
+    part = {**media_parts(chat_request(image(1)))[0], "uuid": "shared-id"}
+    body = {"model": "m", "messages": [{"role": "user", "content": [part]}]}
+
+    async def scenario(trust: bool) -> tuple[list[Any], Any]:
+        p, c = FakeBackend("producer"), FakeBackend("consumer")
+        async with (
+            fakes(p, c) as (purl, curl),
+            router_at([purl], [curl], trust_client_media_ids=trust) as (_router, url),
+        ):
+            status, _, _ = await post(url + "/v1/chat/completions", body)
+            assert status == 200
+        return [s.body for s in p.seen], c.seen[0].body
+
+    producer_bodies, consumer_body = run(scenario(trust=False))
+    assert "shared-id" not in json.dumps(producer_bodies)
+    assert "shared-id" not in json.dumps(consumer_body)
+    producer_bodies, consumer_body = run(scenario(trust=True))
+    assert "shared-id" in json.dumps(producer_bodies)
+    assert "shared-id" in json.dumps(consumer_body)

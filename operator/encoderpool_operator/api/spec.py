@@ -870,6 +870,12 @@ class RouterSpec(ApiModel):
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Resources of the router container."
     )
+    trust_client_media_ids: bool = Field(
+        default=False,
+        description="Pass clients' media item uuids on to vLLM, which keys embeddings by them: "
+        "one client could then have another's request answered with its own media. Only for "
+        "single-tenant pools; off, the router drops them and vLLM hashes the content.",
+    )
 
 
 class WidthJobSpec(ApiModel):
