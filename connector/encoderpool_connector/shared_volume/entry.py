@@ -20,9 +20,11 @@ use it directly); tensors enter and leave as bytes plus dtype and shape.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,12 @@ MAGIC = b"EPEC"
 SUFFIX = ".epc"
 ALIGN = 64
 MAX_HEADER = 64 * 1024
+# The largest payload a reader will allocate for: anyone who mounts the volume can
+# write an entry whose header claims any shape (a sparse file makes the size match).
+MAX_PAYLOAD = 1 << 30
+# Never follow a link, never wait on a FIFO or device: whoever mounts the volume
+# may have put one where an entry is expected.
+_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _PREFIX = struct.Struct("<4sI")
 # How many bytes the first read takes: the whole header of any sane entry.
 FIRST_READ = 4096
@@ -201,6 +209,8 @@ def check_header(header: Header, expect: Expect, file_size: int, offset: int) ->
         raise EntryError(f"width {header.width}, expected {expect.width}")
     if expect.num_tokens is not None and header.shape[0] != expect.num_tokens:
         raise EntryError(f"{header.shape[0]} tokens, expected {expect.num_tokens}")
+    if header.payload_bytes > MAX_PAYLOAD:
+        raise EntryError(f"payload of {header.payload_bytes} bytes exceeds {MAX_PAYLOAD}")
     if file_size != offset + header.payload_bytes:
         raise EntryError(
             f"file has {file_size} bytes, header promises {offset + header.payload_bytes} "
@@ -208,14 +218,25 @@ def check_header(header: Header, expect: Expect, file_size: int, offset: int) ->
         )
 
 
-def verify_file(path: str, expect: Expect) -> Header:
-    """Check header and payload checksum of the entry at ``path``; EntryError if anything is off."""
+def open_entry(path: str) -> int:
+    """An fd of the regular file at ``path``; EntryMissing, or EntryError for a link, a
+    directory, a FIFO, a device or a socket (opened without blocking, never followed)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         raise EntryMissing("no such entry") from None
     except OSError as e:
-        raise EntryError(f"cannot open: {e.strerror}") from None
+        what = "a symbolic link" if e.errno == errno.ELOOP else f"not readable ({e.strerror})"
+        raise EntryError(f"entry is {what}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise EntryError("entry is not a regular file")
+    return fd
+
+
+def verify_file(path: str, expect: Expect) -> Header:
+    """Check header and payload checksum of the entry at ``path``; EntryError if anything is off."""
+    fd = open_entry(path)
     try:
         header, offset = read_prefix(fd)
         check_header(header, expect, os.fstat(fd).st_size, offset)
@@ -237,7 +258,7 @@ def read_payload_into(path: str, out: memoryview) -> Header:
     Rechecks only what is free (header, sizes); the checksum was verified when
     the entry was pinned, and pinned files are never written again.
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = open_entry(path)
     try:
         header, offset = read_prefix(fd)
         if os.fstat(fd).st_size != offset + header.payload_bytes:
@@ -252,7 +273,7 @@ def read_payload_into(path: str, out: memoryview) -> Header:
 
 
 def read_header(path: str) -> Header:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = open_entry(path)
     try:
         return read_prefix(fd)[0]
     finally:

@@ -212,3 +212,43 @@ def test_an_announcement_of_another_model_is_a_miss_not_a_wait(tmp_path: Path) -
     assert sched._start(request(FP), 0).state == "waiting"
     assert sched._start(request("fedcba9876543210"), 0).state == "miss"
     assert sched.stats.data["foreign_announcements"] == 1
+
+
+def test_a_hostile_writer_s_entries_are_misses_never_hangs_or_huge_buffers(
+    tmp_path: Path,
+) -> None:
+    """Any pod that mounts the volume can write there: a link, a FIFO (an open would
+    block), a directory, or a header claiming a huge payload over a sparse file."""
+    import time
+
+    from encoderpool_connector.shared_volume.entry import MAX_PAYLOAD, encode_prefix
+
+    store = SharedStore(str(tmp_path), 1 << 20, "lru")
+    store.prepare_producer()
+    expect = Expect("h", FP)
+    path = store.entry_path(entry_name(FP, "h"))
+    secret = tmp_path / "outside-the-cache"
+    secret.write_bytes(b"not yours")
+    os.symlink(secret, path)
+    with pytest.raises(EntryError, match="symbolic link"):
+        verify_file(path, expect)
+    os.unlink(path)
+    os.mkfifo(path)
+    started = time.monotonic()
+    with pytest.raises(EntryError, match="not a regular file"):
+        verify_file(path, expect)
+    assert time.monotonic() - started < 1  # no writer ever opens the FIFO: no wait
+    os.unlink(path)
+    os.mkdir(path)
+    with pytest.raises(EntryError, match="not a regular file"):
+        verify_file(path, expect)
+    os.rmdir(path)
+    huge = Header("h", FP, "float32", (1 << 20, 1 << 10), checksum(b""))
+    prefix = encode_prefix(huge)
+    with open(path, "wb") as f:
+        f.write(prefix)
+        f.truncate(len(prefix) + huge.payload_bytes)  # sparse: the size matches the lie
+    assert huge.payload_bytes > MAX_PAYLOAD
+    with pytest.raises(EntryError, match="exceeds"):
+        verify_file(path, expect)
+    assert secret.read_bytes() == b"not yours"
