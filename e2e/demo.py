@@ -128,9 +128,7 @@ def main(argv: list[str]) -> int:
         with stage("3/6 CRD and operator"):
             crd = REPO / "crds" / "encoderpool.io_encoderpools.yaml"
             cluster.kubectl("apply", "--server-side", "-f", str(crd))
-            cluster.kubectl(
-                "wait", "--for=condition=Established", "crd/encoderpools.encoderpool.io"
-            )
+            cluster.wait_established("encoderpools.encoderpool.io")
             cluster.kubectl("create", "namespace", NAMESPACE)
             op = OperatorProcess(cluster.operator_kubeconfig, work / "operator.log", NAMESPACE)
             stack.callback(op.stop)

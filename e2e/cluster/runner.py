@@ -213,6 +213,19 @@ class LocalCluster:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {res.stderr.strip()}")
         return res.stdout
 
+    def wait_established(self, crd: str, timeout: float = 60.0) -> None:
+        """Until the CRD's Established condition is True. (``kubectl wait`` fails outright
+        when it reads the CRD before the server has written any condition: seen in CI.)"""
+        deadline = time.monotonic() + timeout
+        while True:
+            obj = json.loads(self.kubectl("get", "crd", crd, "-o", "json"))
+            conditions = obj.get("status", {}).get("conditions") or []
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {crd} not Established after {timeout:.0f}s: {conditions}")
+            time.sleep(0.2)
+
     def start(self, timeout: float = 120.0) -> LocalCluster:
         self.state.mkdir(parents=True, exist_ok=True)
         make_pki(self.pki)

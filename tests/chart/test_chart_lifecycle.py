@@ -58,7 +58,7 @@ def test_install_upgrade_uninstall(
         f"poddisruptionbudget.policy/{full}",
     }
     for name in ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev", crd):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}")
+        cluster.wait_established(name)
     pool = sample_pool()
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pool))
 

@@ -63,7 +63,7 @@ def test_crd_becomes_established_and_its_schema_rejects_bad_objects(
     cluster: LocalCluster, namespace: str
 ) -> None:
     apply(cluster, WIDGET_CRD)
-    cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.test.encoderpool.io")
+    cluster.wait_established("widgets.test.encoderpool.io")
     good = {"apiVersion": "test.encoderpool.io/v1", "kind": "Widget", "metadata": {"name": "ok"}}
     apply(cluster, {**good, "spec": {"size": 3}}, namespace)
     with pytest.raises(RuntimeError, match=r"spec\.size.*less than or equal to 10"):

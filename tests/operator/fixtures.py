@@ -25,7 +25,7 @@ CRD = REPO / "crds" / "encoderpool.io_encoderpools.yaml"
 def crd(cluster: LocalCluster) -> str:
     """The generated CRD, applied and Established."""
     cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/encoderpools.encoderpool.io")
+    cluster.wait_established("encoderpools.encoderpool.io")
     return "encoderpools.encoderpool.io"
 
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.cluster
 def crd(cluster: LocalCluster) -> LocalCluster:
     """The committed CRD, applied and Established (idempotent if others applied it too)."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(COMMITTED))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{api.CRD_NAME}", "--timeout=60s")
+    cluster.wait_established(api.CRD_NAME)
     return cluster
 
 

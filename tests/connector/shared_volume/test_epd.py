@@ -25,6 +25,7 @@ from encoderpool_connector.shared_volume.entry import (
     parse_prefix,
 )
 from tests.connector.fixtures import EpFactory, sv_config, tiny_fingerprint
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -54,6 +55,13 @@ class Pool:
 
     def entry(self, mm_hash: str) -> Path:
         return self.root / "entries" / entry_name(self.fingerprint, mm_hash)
+
+    def published(self, mm_hash: str) -> Path:
+        """The item's entry once the producer's background writer has published it (its
+        answer comes first: the write is off the request path)."""
+        path = self.entry(mm_hash)
+        wait_until(f"entry of {mm_hash} published", path.is_file, timeout=30)
+        return path
 
 
 def metric(server: VllmServer, name: str) -> float:
@@ -107,11 +115,11 @@ def test_consumer_uses_the_entry_not_its_encoder(pool: Pool) -> None:
     assert token_ids(pool.mono.chat(chat_request(b))) != expected_a
     hash_a, _ = pool.encode(a)
     hash_b, params_b = pool.encode(b)
-    raw = pool.entry(hash_a).read_bytes()
+    raw = pool.published(hash_a).read_bytes()
     header, offset = parse_prefix(raw)
     payload = raw[offset:]
     forged = Header(hash_b, header.fingerprint, header.dtype, header.shape, checksum(payload))
-    pool.entry(hash_b).write_bytes(encode_prefix(forged) + payload)
+    pool.published(hash_b).write_bytes(encode_prefix(forged) + payload)
     assert pool.consume(b, params_b) == expected_a
 
 
@@ -141,7 +149,7 @@ def test_bad_entry_is_a_miss_and_the_consumer_encodes_itself(
     expected = token_ids(pool.mono.chat(chat_request(png)))
     rejected = metric(pool.consumer, "encoderpool_ec_rejected_total")
     mm_hash, params = pool.encode(png)
-    spoil(pool.entry(mm_hash))
+    spoil(pool.published(mm_hash))
     assert pool.consume(png, params) == expected
     assert encoder_ran(pool.consumer, mm_hash)
     assert metric(pool.consumer, "encoderpool_ec_rejected_total") == rejected + 1
