@@ -1,8 +1,8 @@
 """Two producers and two consumers on one small shared directory: eviction keeps it under
 its capacity for a run of many images while every answer stays equal to a monolithic server's.
 
-224x224 images give 64 tokens x 128 x bf16 = 16 KiB entries; a 1 MiB capacity
-holds about 60, so 90 images force evictions while consumers read.
+224x224 images give 64 tokens x 128 x bf16 = 16 KiB entries; a 1 MiB capacity (the
+smallest a pool accepts) holds about 60, so 72 images force evictions while consumers read.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def metric(server: VllmServer, name: str) -> float:
 
 
 CAPACITY = 1 << 20
-N_IMAGES = 90
+N_IMAGES = 72
 
 
 def test_two_producers_two_consumers_under_capacity(
