@@ -825,5 +825,10 @@ def child_refs(pool: EncoderPool) -> list[tuple[str, str, str]]:
             ("apps/v1", "Deployment", name),
             ("v1", "Service", pool.name),
         ]
-    refs += [(p["apiVersion"], p["kind"], p["metadata"]["name"]) for p in network_policies(pool)]
+    refs += [ref_of(p) for p in network_policies(pool)]
     return refs
+
+
+def ref_of(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(apiVersion, kind, name) of a child in the pool's namespace."""
+    return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])

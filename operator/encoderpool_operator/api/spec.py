@@ -378,9 +378,12 @@ class Toleration(ApiModel):
 _FREE_FORM: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
 
 
+# Label key prefixes the operator's selectors and owner labels use; podLabels may not.
+RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "encoderpool.io/")
 _RESERVED_LABELS = (
-    "podLabels may not set app.kubernetes.io/* or encoderpool.io/* keys: the operator's "
-    "selectors and owner labels use them"
+    "podLabels may not set "
+    + " or ".join(f"{p}*" for p in RESERVED_LABEL_PREFIXES)
+    + " keys: the operator's selectors and owner labels use them"
 )
 
 
@@ -498,8 +501,9 @@ class RoleSpec(ApiModel):
         description="Extra labels on the pods (not app.kubernetes.io/* or encoderpool.io/*).",
         json_schema_extra=cel_extra(
             cel(
-                "!self.exists(k, k.startsWith('app.kubernetes.io/') || "
-                "k.startsWith('encoderpool.io/'))",
+                "!self.exists(k, "
+                + " || ".join(f"k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES)
+                + ")",
                 _RESERVED_LABELS,
             )
         ),
@@ -511,7 +515,7 @@ class RoleSpec(ApiModel):
     @field_validator("pod_labels")
     @classmethod
     def _free_labels(cls, value: dict[str, str]) -> dict[str, str]:
-        if any(k.startswith(("app.kubernetes.io/", "encoderpool.io/")) for k in value):
+        if any(k.startswith(RESERVED_LABEL_PREFIXES) for k in value):
             raise ValueError(_RESERVED_LABELS)
         return value
 
@@ -774,15 +778,14 @@ class LabelSelector(ApiModel):
         return {"matchLabels": dict(self.match_labels)}
 
 
+CIDR_PATTERN = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"
+
+
 class IpBlock(ApiModel):
     """An address range (for clients outside the cluster, e.g. a load balancer's)."""
 
-    cidr: str = Field(
-        min_length=9, max_length=43, pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$", description="CIDR."
-    )
-    except_: tuple[
-        Annotated[str, Field(max_length=43, pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$")], ...
-    ] = Field(
+    cidr: str = Field(min_length=9, max_length=43, pattern=CIDR_PATTERN, description="CIDR.")
+    except_: tuple[Annotated[str, Field(max_length=43, pattern=CIDR_PATTERN)], ...] = Field(
         default=(), alias="except", max_length=16, description="CIDRs inside cidr to leave out."
     )
 

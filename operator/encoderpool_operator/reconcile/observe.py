@@ -19,15 +19,12 @@ from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.kube import Kube
 from encoderpool_operator.reconcile.widths import job_state, parse_report
 
-# (apiVersion, kind, name) of a child in the pool's namespace.
+# (apiVersion, kind, name) of a child in the pool's namespace (render.ref_of makes one).
 Ref = tuple[str, str, str]
+ref_of = render.ref_of
 # The label the Job controller puts on each of a Job's pods: the Job's uid, so the
 # pods of a deleted and recreated Job of the same name are never mistaken for its own.
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
-
-
-def ref_of(obj: Mapping[str, Any]) -> Ref:
-    return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
 
 
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
