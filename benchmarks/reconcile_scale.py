@@ -1,33 +1,59 @@
 """How the operator scales: N pools on the local control plane, widths pre-seeded.
 
-    python -m benchmarks.reconcile_scale --pools 100 [--pools 500]
+    python -m benchmarks.reconcile_scale --pools 100 --pools 500 [--pools 1000]
 
 For each N, in one run: a fresh control plane (etcd, kube-apiserver,
-controller-manager, scheduler, kwok with enough fake nodes), the CRD, one
-width report shared by all pools (same model, same fingerprint), the operator
-as a local process, then N EncoderPools applied at once. It reports the time
-until every pool is Ready, the writes the operator makes during one full
-resync pass over all pools with nothing changed (from the API server's audit
-log), and the operator's peak RSS. Last line per N:
-``RESULT pools=<N> converge_s=<s> noop_writes=<n> rss_mb=<m>``.
+controller-manager with the client limits of a large production cluster,
+scheduler, kwok with enough fake nodes), the CRD, one width report shared by all
+pools (same model), the operator as a local process, then N EncoderPools applied
+at once. From the API server's audit log (the operator's own user only) and the
+operator's metrics it reports:
+
+- converge_s: from the apply until every pool is Ready (operator + cluster);
+- operator_s: until the operator had written every child of every pool and each
+  pool's first status (its own work; the rest is the controllers and kwok);
+- writes_per_pool during creation (children, status, Events, the shared report)
+  against children_per_pool (objects a pool owns: its children and its share of
+  the report ConfigMap);
+- noop_writes: writes during a full resync of every pool once all is quiet;
+- rss_mb: the operator's peak resident memory; and a profile: passes, API
+  requests per pass, seconds per pass, operator CPU seconds.
+
+Last line per N: ``RESULT pools=<N> converge_s=<s> operator_s=<s> writes_per_pool=<n>
+children_per_pool=<n> noop_writes=<n> rss_mb=<m>``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import tempfile
 import time
+import urllib.request
+from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
 from e2e.processes import exit_on_sigterm
-from tests.operator.fixtures import report_for, sample_pool
+from encoderpool_operator import render
+from encoderpool_operator.api import EncoderPool
+from tests.operator.fixtures import report_for, sample_pool, seed_report
 
 NAMESPACE = "scale"
-RESYNC_SECONDS = 20
+RESYNC_SECONDS = 30
+# What a large production control plane gives its controllers (the defaults, 20 qps
+# and 5 workers per controller, would make this a benchmark of the controller-manager).
+CONTROLLER_MANAGER_ARGS = (
+    "--kube-api-qps=500",
+    "--kube-api-burst=1000",
+    "--concurrent-deployment-syncs=50",
+    "--concurrent-replicaset-syncs=50",
+)
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -36,6 +62,26 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def metrics(url: str) -> dict[str, float]:
+    """Prometheus text, summed per metric name and label set (as the raw key)."""
+    out: dict[str, float] = {}
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+    return out
+
+
+def total(m: dict[str, float], name: str, label: str = "") -> float:
+    return sum(v for k, v in m.items() if re.match(rf"{name}(\{{|$)", k) and label in k)
 
 
 def ready_count(cluster: LocalCluster) -> int:
@@ -48,21 +94,45 @@ def ready_count(cluster: LocalCluster) -> int:
     )
 
 
+def stamp(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(
+        event["requestReceivedTimestamp"].replace("Z", "+00:00")
+    ).timestamp()
+
+
+def category(event: dict[str, Any]) -> str:
+    ref = event["objectRef"]
+    if ref.get("resource") == "events":
+        return "events"
+    if ref.get("resource") == "encoderpools":
+        return "status" if ref.get("subresource") == "status" else "pool"
+    if ref.get("resource") == "configmaps":
+        return "report"
+    return "children"
+
+
+def wait_quiet(cluster: LocalCluster, seconds: float = 5.0) -> None:
+    """Until the operator wrote nothing for ``seconds``."""
+    count = len(cluster.audit_events(namespace=NAMESPACE))
+    while True:
+        time.sleep(seconds)
+        now = len(cluster.audit_events(namespace=NAMESPACE))
+        if now == count:
+            return
+        count = now
+
+
 def run(n: int, work: Path) -> dict[str, Any]:
     nodes = n * 3 // 100 + 2  # kwok nodes take 110 pods each; a pool has 3 pods
-    with LocalCluster(work / f"cluster-{n}", nodes=nodes) as cluster:
+    cluster = LocalCluster(
+        work / f"cluster-{n}", nodes=nodes, controller_manager_args=CONTROLLER_MANAGER_ARGS
+    )
+    with cluster:
         crd = Path(__file__).resolve().parent.parent / "crds" / "encoderpool.io_encoderpools.yaml"
         cluster.kubectl("apply", "--server-side", "-f", str(crd))
-        cluster.kubectl("wait", "--for=condition=Established", "crd/encoderpools.encoderpool.io")
+        cluster.wait_established("encoderpools.encoderpool.io")
         cluster.kubectl("create", "namespace", NAMESPACE)
-        report = report_for(sample_pool())
-        cm = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": report.configmap_name, "namespace": NAMESPACE},
-            "data": report.to_configmap_data(),
-        }
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(cm))
+        seed_report(cluster, NAMESPACE, report_for(sample_pool()))
         op = OperatorProcess(
             cluster.operator_kubeconfig,
             work / f"operator-{n}.log",
@@ -70,27 +140,71 @@ def run(n: int, work: Path) -> dict[str, Any]:
             env={"ENCODERPOOL_RESYNC_SECONDS": str(RESYNC_SECONDS)},
         ).start()
         try:
-            time.sleep(3)
+            time.sleep(5)
             pools = [sample_pool(name=f"pool-{i:04d}") for i in range(n)]
-            started = time.monotonic()
+            children = len(render.child_refs(EncoderPool.from_object(pools[0]))) + 1
+            before = len(cluster.audit_events(namespace=NAMESPACE))
+            started = time.time()
             items = {"apiVersion": "v1", "kind": "List", "items": pools}
             cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(items))
             while (ready := ready_count(cluster)) < n:
-                if time.monotonic() - started > 3600:
+                if time.time() - started > 3600:
                     raise TimeoutError(f"only {ready}/{n} pools Ready after an hour")
-                time.sleep(2)
-            converge = time.monotonic() - started
-            print(f"  {n} pools Ready in {converge:.1f}s", flush=True)
-            # Settle (the last child events), then count writes over a full resync.
-            time.sleep(5)
-            before = len(cluster.audit_events(namespace=NAMESPACE))
-            time.sleep(RESYNC_SECONDS * 1.5)
-            noop = len(cluster.audit_events(namespace=NAMESPACE)) - before
+                time.sleep(1)
+            converge = time.time() - started
             assert op.proc is not None
+            cpu = cpu_seconds(op.proc.pid)
+            print(f"  {n} pools Ready in {converge:.1f}s", flush=True)
+            wait_quiet(cluster)
+            created = cluster.audit_events(namespace=NAMESPACE)[before:]
+            first: dict[tuple[str, str, str], float] = {}
+            for e in created:
+                if category(e) in ("children", "status"):
+                    ref = e["objectRef"]
+                    key = (ref["resource"], ref.get("subresource", ""), ref["name"])
+                    first.setdefault(key, stamp(e))
+            operator_s = max(first.values()) - started
+            by_category = Counter(category(e) for e in created)
+            m = metrics(op.metrics_url)
+            passes = total(m, "encoderpool_operator_reconciles_total")
+            reads = total(m, "encoderpool_operator_api_reads")
+            writes = total(m, "encoderpool_operator_api_writes")
+            pass_s = total(m, "encoderpool_operator_reconcile_seconds_sum")
+            # A full resync with nothing changed: every pool passed once more.
+            quiet = len(cluster.audit_events(namespace=NAMESPACE))
+            resynced = total(m, "encoderpool_operator_reconciles_total", 'trigger="resync"')
+            while (
+                total(
+                    metrics(op.metrics_url),
+                    "encoderpool_operator_reconciles_total",
+                    'trigger="resync"',
+                )
+                < resynced + n
+            ):
+                time.sleep(1)
+            time.sleep(2)
+            noop_events = cluster.audit_events(namespace=NAMESPACE)[quiet:]
             rss = peak_rss_mb(op.proc.pid)
         finally:
             op.stop()
-    return {"pools": n, "converge_s": round(converge, 1), "noop_writes": noop, "rss_mb": round(rss)}
+    return {
+        "pools": n,
+        "converge_s": round(converge, 1),
+        "operator_s": round(operator_s, 1),
+        "writes_per_pool": round(sum(by_category.values()) / n, 2),
+        "children_per_pool": children,
+        "noop_writes": len(noop_events),
+        "rss_mb": round(rss),
+        "writes_by_kind_per_pool": {k: round(v / n, 2) for k, v in sorted(by_category.items())},
+        "noop_detail": Counter(
+            f"{e['verb']} {e['objectRef'].get('resource')}" for e in noop_events
+        ).most_common(5),
+        "passes_per_pool": round(passes / n, 2),
+        "reads_per_pass": round(reads / passes, 2) if passes else 0,
+        "writes_per_pass": round(writes / passes, 2) if passes else 0,
+        "ms_per_pass": round(1000 * pass_s / passes, 1) if passes else 0,
+        "operator_cpu_s": round(cpu, 1),
+    }
 
 
 def main() -> None:
@@ -101,9 +215,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="encoderpool-scale-") as tmp:
         for n in sizes:
             r = run(n, Path(tmp))
+            print("  " + json.dumps(r), flush=True)
             print(
                 f"RESULT pools={r['pools']} converge_s={r['converge_s']} "
-                f"noop_writes={r['noop_writes']} rss_mb={r['rss_mb']}",
+                f"operator_s={r['operator_s']} writes_per_pool={r['writes_per_pool']} "
+                f"children_per_pool={r['children_per_pool']} noop_writes={r['noop_writes']} "
+                f"rss_mb={r['rss_mb']}",
                 flush=True,
             )
 

@@ -146,6 +146,8 @@ class LocalCluster:
     bins: Path = field(default_factory=bin_dir)
     nodes: int = 2
     port: int = field(default_factory=_free_port)
+    # Extra kube-controller-manager flags (the scale benchmark lifts its client limits).
+    controller_manager_args: tuple[str, ...] = ()
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -274,6 +276,7 @@ class LocalCluster:
             f"--root-ca-file={p}/ca.crt", f"--cluster-signing-cert-file={p}/ca.crt",
             f"--cluster-signing-key-file={p}/ca.key",
             "--concurrent-gc-syncs=5", "--node-monitor-grace-period=60s",
+            *self.controller_manager_args,
         )  # fmt: skip
         self._run(
             "kube-scheduler",

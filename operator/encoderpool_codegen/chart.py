@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from encoderpool_codegen import crd
 from encoderpool_operator import rbac
+from encoderpool_operator.settings import OperatorSettings
 
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label
 # A label key (optional DNS-subdomain prefix, then a name) and a label value.
@@ -112,6 +113,9 @@ class Peering(_Values):
     )
 
 
+_SETTINGS = OperatorSettings.model_fields
+
+
 class Operator(_Values):
     resync_seconds: float = Field(
         default=60, ge=5, le=3600, alias="resyncSeconds", description="ENCODERPOOL_RESYNC_SECONDS"
@@ -128,6 +132,34 @@ class Operator(_Values):
         max_length=512,
         alias="routerImage",
         description="ENCODERPOOL_ROUTER_IMAGE; empty means the operator image.",
+    )
+    # For big installs (docs/benchmarks-operator.md); defaults are OperatorSettings'.
+    workers: int = Field(
+        default=_SETTINGS["workers"].default,
+        ge=1,
+        le=64,
+        description="ENCODERPOOL_WORKERS: pools reconciled at once.",
+    )
+    write_concurrency: int = Field(
+        default=_SETTINGS["write_concurrency"].default,
+        ge=1,
+        le=128,
+        alias="writeConcurrency",
+        description="ENCODERPOOL_WRITE_CONCURRENCY: API writes in flight at once.",
+    )
+    api_qps: float = Field(
+        default=_SETTINGS["api_qps"].default,
+        gt=0,
+        le=10000,
+        alias="apiQps",
+        description="ENCODERPOOL_API_QPS: average API requests a second (client-side limit).",
+    )
+    api_burst: int = Field(
+        default=_SETTINGS["api_burst"].default,
+        ge=1,
+        le=20000,
+        alias="apiBurst",
+        description="ENCODERPOOL_API_BURST: requests allowed at once above apiQps.",
     )
 
 

@@ -1,14 +1,19 @@
-"""kopf wiring: thin adapters from kopf's triggers to ``reconcile.reconcile``.
+"""kopf wiring: watches fill a read cache and mark pools; workers run the passes.
 
-The pool's own changes, its children's events and a periodic resync all run
-the same level-triggered pass; a per-pool lock keeps two passes from
-interleaving. Run with ``kopf run -m encoderpool_operator.handlers``.
+    kopf indexes        every object of the kinds a pass reads -> cache.Cache
+    kopf event handlers a pool or one of its children changed  -> mark the pool
+    resync              every resync_seconds                    -> mark every pool
+    workers (N tasks)   take a marked pool -> reconcile.reconcile in a thread
 
-No handler here needs a finalizer (kopf adds one for timers, daemons and
-deletion handlers; children go with the pool through owner references), so a
-pool or its namespace deletes even while the operator is stopped. The resync is
-therefore one loop over the pools the watch has seen, not a kopf timer; kopf
-removes the finalizer an older operator left on a pool.
+A pool marked many times while it waits gets one pass; a pool never has two
+passes at once (``workqueue.WorkQueue``). A pass reads the cache, not the API
+server, and writes only what differs. Run with
+``kopf run -m encoderpool_operator.handlers``.
+
+No handler here is a kopf change handler, a timer or a daemon, so kopf keeps no
+state on the pools (no annotations, no finalizer: a pool or its namespace deletes
+even while the operator is stopped; kopf drops the finalizer an older operator
+left) and a pass with nothing to do writes nothing at all.
 """
 
 from __future__ import annotations
@@ -16,30 +21,95 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import threading
 import time
-from collections import defaultdict
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any
 
 import kopf
 
-from encoderpool_operator import render
-from encoderpool_operator.api import GROUP, PLURAL, READY, VERSION
+from encoderpool_operator import events, render
+from encoderpool_operator.api import API_VERSION, GROUP, KIND, PLURAL, READY, VERSION
+from encoderpool_operator.cache import Cache, PassView, PoolKey, index_entries, trim
 from encoderpool_operator.conditions import PROBLEM_REASONS, find_condition
-from encoderpool_operator.kube import Kube
+from encoderpool_operator.kube import PLURALS, Kube, RateLimiter
 from encoderpool_operator.metrics import OperatorMetrics
 from encoderpool_operator.reconcile import invalid_status, reconcile, write_status
 from encoderpool_operator.settings import OperatorSettings
+from encoderpool_operator.workqueue import WorkQueue
 
-_CHILD_LABELS = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
+log = logging.getLogger("encoderpool_operator")
 _SETTINGS = OperatorSettings()  # read once, at start-up
 METRICS = OperatorMetrics()
+_CHILD_LABELS = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
+# What a pass reads, cached: the pool's children, its width Jobs, the report ConfigMaps.
+CACHED_KINDS: tuple[tuple[str, str], ...] = (
+    *render.CHILD_KINDS,
+    ("batch/v1", "Job"),
+    ("v1", "ConfigMap"),
+)
+
+
+def _index_id(api_version: str, kind: str) -> str:
+    return "cache_" + PLURALS[(api_version, kind)]
+
+
+def _resource(api_version: str, kind: str) -> tuple[str, str, str]:
+    group, _, version = api_version.rpartition("/")
+    return group, version, PLURALS[(api_version, kind)]
+
+
+def _register_cache(api_version: str, kind: str) -> None:
+    """One kopf index per cached kind (every object), one mark handler (our children)."""
+
+    def entries(body: kopf.Body, **_: Any) -> dict[tuple[str, str, str], dict[str, Any]]:
+        return index_entries(dict(body), api_version, kind)
+
+    async def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        meta = body.get("metadata", {})
+        pool = meta.get("labels", {}).get(render.LABEL_POOL)
+        if pool:
+            memo.queue.add((meta.get("namespace", ""), pool))
+
+    group, version, plural = _resource(api_version, kind)
+    kopf.index(group=group, version=version, plural=plural, id=_index_id(api_version, kind))(
+        entries
+    )
+    kopf.on.event(
+        group=group, version=version, plural=plural, id=f"mark_{plural}", labels=_CHILD_LABELS
+    )(changed)
+
+
+for _api_version, _kind in CACHED_KINDS:
+    _register_cache(_api_version, _kind)
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def cache_pools(
+    namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[PoolKey, dict[str, Any]]:
+    return {(namespace or "", name): trim(dict(body), API_VERSION, KIND)}
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def pool_seen(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """Mark the pool (any change: spec, labels, or our own status write, a no-op pass)."""
+    meta = event["object"].get("metadata", {})
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    if event["type"] == "DELETED":
+        memo.pools.discard(key)
+        memo.queue.forget(key)
+        memo.cache.overlay.forget(key)
+        METRICS.set_ready(*key, None)
+    else:
+        memo.pools.add(key)
+        memo.queue.add(key)
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """All kopf settings in one place; the API client and locks live in ``memo``."""
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
+    """All kopf settings in one place; the API client, cache, queue and workers in ``memo``."""
     from kubernetes import client, config
 
     ours = _SETTINGS
@@ -50,7 +120,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     )
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    settings.posting.level = logging.INFO
+    settings.posting.enabled = False  # passes post their own Events (events.py)
+    # kopf logs every index update and event handler at INFO: the passes' own log
+    # (the "encoderpool_operator" logger) says what matters.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if not settings.peering.standalone and settings.peering.priority == 0:
         # Replicas of one Deployment would tie at the default priority, and kopf pauses
         # every peer on a tie: a random priority makes one replica active, the rest standby.
@@ -59,107 +132,106 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         # Namespaced (--namespace): need no cluster-scoped permission. The namespaces are
         # taken as given and CRDs are not watched (the chart installs the CRD first).
         settings.scanning.disabled = True
+    cfg = client.Configuration()
     if ours.kubeconfig:
-        api = config.new_client_from_config(config_file=ours.kubeconfig)
+        config.load_kube_config(config_file=ours.kubeconfig, client_configuration=cfg)
     else:
-        config.load_incluster_config()
-        api = client.ApiClient()
-    memo.kube = Kube(api)
+        config.load_incluster_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = ours.max_connections  # one per concurrent request
+    api = client.ApiClient(cfg)
+    memo.kube = Kube(api, limiter=RateLimiter(ours.api_qps, ours.api_burst))
     METRICS.kube = memo.kube
     if ours.metrics_port:
         METRICS.serve(ours.metrics_port, ours.metrics_address)
     memo.defaults = render.Defaults(
         router_image=ours.router_image, width_retry_seconds=ours.width_retry_seconds
     )
-    memo.locks = defaultdict(threading.Lock)
+    indexes = {kind: kwargs[_index_id(*kind)] for kind in CACHED_KINDS}
+    memo.cache = Cache(indexes, kwargs["cache_pools"])
+    memo.queue = WorkQueue(base_delay=1.0, max_delay=ours.max_retry_seconds)
+    METRICS.queue = memo.queue
     memo.pools = set()  # (namespace, name) of every pool the watch has seen, for the resync
+    memo.writes = ThreadPoolExecutor(ours.write_concurrency, thread_name_prefix="write")
+    memo.passes = ThreadPoolExecutor(ours.workers, thread_name_prefix="pass")
+    loop = asyncio.get_running_loop()
+    memo.tasks = [loop.create_task(_worker(memo)) for _ in range(ours.workers)]
+    memo.tasks.append(loop.create_task(_resync(memo)))
 
 
-@kopf.on.startup()
-async def start_resync(memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    """Every ``resync_seconds``, one pass per known pool: drift, missed events, back-offs.
-    The task lives as long as kopf's loop (cancelled when the operator stops)."""
-    memo.resync_task = asyncio.create_task(_resync_loop(memo, logger))
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    for task in memo.get("tasks", ()):
+        task.cancel()
+    for pool in ("passes", "writes"):
+        if pool in memo:
+            memo[pool].shutdown(wait=False, cancel_futures=True)
 
 
-async def _resync_loop(memo: kopf.Memo, logger: Any) -> None:
+async def _resync(memo: kopf.Memo) -> None:
+    """Every ``resync_seconds``, mark every pool: drift, missed events, back-offs."""
     while True:
         await asyncio.sleep(_SETTINGS.resync_seconds)
-        for namespace, name in sorted(memo.pools):
-            owner = {"metadata": {"namespace": namespace, "name": name}}
-            try:  # to_thread carries kopf's context (its event poster) into the thread
-                await asyncio.to_thread(_pass, owner, memo, logger, False, "resync")
-            except kopf.PermanentError:
-                pass  # an invalid spec: its status already says why
-            except Exception:
-                logger.exception("resync of %s/%s failed; the next resync retries", namespace, name)
-        logger.info("resync done: %d pools", len(memo.pools))
+        for key in sorted(memo.pools):
+            memo.queue.add(key, "resync")
+        log.info("resync: %d pools marked", len(memo.pools))
 
 
-def _pass(
-    body: kopf.Body | dict[str, Any], memo: kopf.Memo, logger: Any, requeue: bool, trigger: str
-) -> None:
-    meta = body["metadata"]
-    key = (meta["namespace"], meta["name"])
+async def _worker(memo: kopf.Memo) -> None:
+    while True:
+        key, why = await memo.queue.get()
+        try:
+            delay = await _pass(key, why, memo)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            retry = memo.queue.retry(key)
+            log.exception("pass of %s/%s failed; retrying in %.0fs", *key, retry)
+        else:
+            memo.queue.settled(key)
+            if delay is not None:
+                memo.queue.add_after(key, delay)
+        finally:
+            memo.queue.done(key)
+
+
+async def _pass(key: PoolKey, why: str, memo: kopf.Memo) -> float | None:
+    """One pass of pool ``key``; the delay after which to look again, if any."""
+    pool = memo.cache.pool(key)
+    if pool is None or pool["metadata"].get("deletionTimestamp"):
+        METRICS.set_ready(*key, None)
+        return None
+    view = PassView(memo.cache, asyncio.get_running_loop(), key, memo.kube)
+    view.served[(API_VERSION, KIND, key[1])] = pool["metadata"].get("resourceVersion")
+    return await view.loop.run_in_executor(memo.passes, _run, pool, view, why, memo)
+
+
+def _run(pool: Mapping[str, Any], view: PassView, why: str, memo: kopf.Memo) -> float | None:
+    namespace, name = view.pool_key
     now = datetime.now(timezone.utc)
     started = time.monotonic()
-    with memo.locks[key]:
-        # Children's events carry a stale copy: read the pool afresh.
-        pool = memo.kube.get(f"{GROUP}/{VERSION}", "EncoderPool", *key)
-        if pool is None or pool["metadata"].get("deletionTimestamp"):
-            METRICS.set_ready(*key, None)
-            return
-        try:
-            outcome = reconcile(memo.kube, pool, memo.defaults, now)
-        except ValueError as e:
-            status = invalid_status(pool, str(e), now)
-            write_status(memo.kube, *key, pool.get("status") or {}, status)
-            kopf.warn(pool, reason="InvalidSpec", message=str(e))
-            METRICS.passes.labels(trigger, "invalid").inc()
-            METRICS.set_ready(*key, "False")
-            raise kopf.PermanentError(str(e)) from None
-        except Exception:
-            METRICS.passes.labels(trigger, "error").inc()
-            raise
-        finally:
-            METRICS.seconds.observe(time.monotonic() - started)
+    try:
+        outcome = reconcile(memo.kube, pool, memo.defaults, now, view, memo.writes, view.record)
+    except ValueError as e:
+        status = invalid_status(pool, str(e), now)
+        if written := write_status(memo.kube, namespace, name, pool.get("status") or {}, status):
+            view.record((API_VERSION, KIND, name), written)
+            events.post(memo.kube, pool, "Warning", "InvalidSpec", str(e))
+        METRICS.passes.labels(why, "invalid").inc()
+        METRICS.set_ready(namespace, name, "False")
+        return None  # until the spec changes (its event marks the pool)
+    except Exception:
+        METRICS.passes.labels(why, "error").inc()
+        raise
+    finally:
+        METRICS.seconds.observe(time.monotonic() - started)
     ready = find_condition(outcome.status.conditions, READY)
-    METRICS.set_ready(*key, ready.status if ready else "Unknown")
-    METRICS.passes.labels(trigger, "settled" if outcome.requeue_after is None else "waiting").inc()
+    METRICS.set_ready(namespace, name, ready.status if ready else "Unknown")
+    METRICS.passes.labels(why, "settled" if outcome.requeue_after is None else "waiting").inc()
     for type_, reason, message in outcome.transitions:
-        post = kopf.warn if reason in PROBLEM_REASONS else kopf.info
-        post(pool, reason=reason, message=f"{type_}: {message}")
+        if reason in PROBLEM_REASONS:
+            events.post(memo.kube, pool, "Warning", reason, f"{type_}: {message}")
+        elif type_ == READY:  # progress: the pool's readiness only, not every condition
+            events.post(memo.kube, pool, "Normal", reason, f"{type_}: {message}")
     if outcome.applied:
-        logger.info("applied %s", ", ".join(outcome.applied))
-    if requeue and outcome.requeue_after is not None:
-        raise kopf.TemporaryError("waiting", delay=outcome.requeue_after)
-
-
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def pool_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    _pass(body, memo, logger, requeue=True, trigger="pool")
-
-
-@kopf.on.event(GROUP, VERSION, PLURAL)
-def pool_seen(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    """Keep the set of pools the resync visits (no pass here: create/update/resume do that)."""
-    meta = event["object"].get("metadata", {})
-    key = (meta.get("namespace", ""), meta.get("name", ""))
-    if event["type"] == "DELETED":
-        memo.pools.discard(key)
-        memo.locks.pop(key, None)
-    else:
-        memo.pools.add(key)
-
-
-@kopf.on.event("apps", "v1", "deployments", labels=_CHILD_LABELS)
-@kopf.on.event("batch", "v1", "jobs", labels=_CHILD_LABELS)
-def child_changed(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
-    """A child moved (rollout progress, Job finished): reconcile its pool."""
-    labels = body.get("metadata", {}).get("labels", {})
-    pool = labels.get(render.LABEL_POOL)
-    if pool:
-        owner = {"metadata": {"namespace": body["metadata"]["namespace"], "name": pool}}
-        _pass(owner, memo, logger, requeue=False, trigger="child")
+        log.info("%s/%s: applied %s", namespace, name, ", ".join(outcome.applied))
+    return outcome.requeue_after

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from typing import Any
 from urllib.parse import urlencode
@@ -61,6 +62,30 @@ def path(
     return out
 
 
+class RateLimiter:
+    """A token bucket: ``qps`` requests a second on average, bursts of up to ``burst``.
+
+    What client-go's client does: an operator that starts thousands of writes at once
+    (a restart over many pools) spreads them instead of flooding the API server.
+    """
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps, self.burst = qps, burst
+        self._tokens = float(burst)
+        self._last = time.monotonic()
+        self._lock = threading.Lock()
+
+    def wait(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
+            self._last = now
+            self._tokens -= 1
+            delay = -self._tokens / self.qps if self._tokens < 0 else 0.0
+        if delay > 0:
+            time.sleep(delay)
+
+
 class Kube:
     """A thin, thread-safe wrapper over a ``kubernetes.client.ApiClient``."""
 
@@ -69,11 +94,14 @@ class Kube:
         api_client: Any,
         field_manager: str = FIELD_MANAGER,
         timeout: tuple[float, float] = REQUEST_TIMEOUT,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self._api = api_client
         self.field_manager = field_manager
         self.timeout = timeout  # (connect, read) seconds: a hung call fails, never wedges
+        self.limiter = limiter
         self.writes: Counter[str] = Counter()  # "VERB Kind" -> count
+        self.reads: Counter[str] = Counter()  # "GET path-kind" -> count, for the profile
         self._lock = threading.Lock()
 
     def request(
@@ -85,9 +113,13 @@ class Kube:
         content_type: str = "application/json",
         kind: str = "",
     ) -> Any:
-        if method != "GET":
-            with self._lock:
+        with self._lock:
+            if method == "GET":
+                self.reads[kind or url_path] += 1
+            else:
                 self.writes[f"{method} {kind or url_path}"] += 1
+        if self.limiter is not None:
+            self.limiter.wait()
         full = url_path + ("?" + urlencode(query) if query else "")
         _method, url, headers, payload, _post = self._api.param_serialize(
             method=method,
@@ -111,7 +143,9 @@ class Kube:
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
         try:
-            obj: dict[str, Any] = self.request("GET", path(api_version, kind, namespace, name))
+            obj: dict[str, Any] = self.request(
+                "GET", path(api_version, kind, namespace, name), kind=kind
+            )
         except KubeError as e:
             if e.status == 404:
                 return None
@@ -123,7 +157,7 @@ class Kube:
     ) -> list[dict[str, Any]]:
         query = {"labelSelector": label_selector} if label_selector else None
         items: list[dict[str, Any]] = self.request(
-            "GET", path(api_version, kind, namespace), query=query
+            "GET", path(api_version, kind, namespace), query=query, kind=f"{kind} (list)"
         )["items"]
         return items
 
@@ -140,15 +174,24 @@ class Kube:
         )
         return out
 
-    def merge_patch(
-        self, api_version: str, kind: str, namespace: str, name: str, body: dict[str, Any]
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        body: dict[str, Any],
+        strategic: bool = False,
     ) -> dict[str, Any]:
-        """JSON merge patch (RFC 7386); a ``metadata.resourceVersion`` in ``body`` guards it."""
+        """JSON merge patch (RFC 7386; a ``metadata.resourceVersion`` in ``body`` guards it),
+        or with ``strategic`` a strategic merge patch (lists merged by key, built-in kinds)."""
         out: dict[str, Any] = self.request(
             "PATCH",
             path(api_version, kind, namespace, name),
             body=body,
-            content_type="application/merge-patch+json",
+            content_type="application/strategic-merge-patch+json"
+            if strategic
+            else "application/merge-patch+json",
             kind=kind,
         )
         return out

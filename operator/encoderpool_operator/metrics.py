@@ -14,10 +14,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from encoderpool_operator.kube import Kube
+from encoderpool_operator.workqueue import WorkQueue
 
 
 class _Live(Collector):
-    """Values read at scrape time: API writes (from Kube) and pools by readiness."""
+    """Values read at scrape time: API requests (from Kube), the queue, pools by readiness."""
 
     def __init__(self, metrics: OperatorMetrics) -> None:
         self.m = metrics
@@ -33,6 +34,21 @@ class _Live(Collector):
                 verb, _, kind = key.partition(" ")
                 writes.add_metric([verb, kind], count)
         yield writes
+        reads = GaugeMetricFamily(
+            "encoderpool_operator_api_reads",
+            "Read requests sent to the API server since start (most passes read the cache).",
+            labels=["kind"],
+        )
+        if self.m.kube is not None:
+            for kind, count in sorted(self.m.kube.reads.items()):
+                reads.add_metric([kind], count)
+        yield reads
+        if self.m.queue is not None:
+            yield GaugeMetricFamily(
+                "encoderpool_operator_queue_depth",
+                "Pools marked and waiting for a pass (each pool at most once).",
+                value=len(self.m.queue),
+            )
         pools = GaugeMetricFamily(
             "encoderpool_operator_pools",
             "EncoderPools seen by this operator, by their Ready condition.",
@@ -49,6 +65,7 @@ class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.kube: Kube | None = None
+        self.queue: WorkQueue | None = None
         self.lock = threading.Lock()
         self.ready: dict[tuple[str, str], str] = {}
         self.passes = Counter(

@@ -36,6 +36,8 @@ class Permission:
     peering_object_only: bool = False
     # Held only so the operator may grant it to a child's Role; the operator never calls it.
     delegated: bool = False
+    # Used only on an upgrade from an older operator (the RBAC test does not upgrade).
+    upgrade_only: bool = False
 
     def rule(self) -> dict[str, Any]:
         return {
@@ -49,11 +51,16 @@ class Permission:
 
 PERMISSIONS: tuple[Permission, ...] = (
     # ---- kopf itself
-    Permission(GROUP, PLURAL, ("list", "watch"), "kopf: watch EncoderPools"),
-    Permission(GROUP, PLURAL, ("get",), "each pass reads the pool afresh (handlers._pass)"),
-    Permission(GROUP, PLURAL, ("patch",), "kopf: its progress and diff-base annotations"),
+    Permission(GROUP, PLURAL, ("list", "watch"), "kopf: watch EncoderPools (the read cache)"),
+    Permission(
+        GROUP,
+        PLURAL,
+        ("patch",),
+        "kopf: drop the finalizer an operator before 0.2 put on pools (none is added now)",
+        upgrade_only=True,
+    ),
     Permission(GROUP, f"{PLURAL}/status", ("patch",), "status: conditions, widths, replicas"),
-    Permission("", "events", ("create",), "kopf posts Events (kopf.info/warn, INFO logs)"),
+    Permission("", "events", ("create",), "a pass posts Events: Ready changed, problems"),
     Permission(
         "apiextensions.k8s.io",
         "customresourcedefinitions",
@@ -92,41 +99,41 @@ PERMISSIONS: tuple[Permission, ...] = (
         modes=("namespace",),
         peering_object_only=True,
     ),
-    # ---- children (reconcile/ through kube.Kube): get, then server-side apply, which is a
-    # patch that creates a missing object: the API server then checks create as well.
+    # ---- children (reconcile/ through kube.Kube): read from kopf's watches (handlers: the
+    # read cache, so list + watch, no get), written by server-side apply, which is a patch
+    # that creates a missing object: the API server then checks create as well.
     Permission(
         "apps",
         "deployments",
-        ("get", "list", "watch", "create", "patch", "delete"),
-        "producer/consumer/router Deployments; kopf on.event watches them for rollouts; "
-        "listed by pool and deleted when the spec drops them (the router disabled)",
+        ("list", "watch", "create", "patch", "delete"),
+        "producer/consumer/router Deployments: cached, a change marks the pool; deleted "
+        "when the spec drops them (the router disabled)",
     ),
     Permission(
         "batch",
         "jobs",
-        ("get", "list", "watch", "create", "patch", "delete"),
-        "width Jobs: listed by pool (the current one and stale ones); read by name before "
-        "the first one of a model is made (is the name someone else's?); kopf on.event "
-        "watches them; deleted to retry or when their model is stale",
+        ("list", "watch", "create", "patch", "delete"),
+        "width Jobs: cached (is a Job's name someone else's?), a change marks the pool; "
+        "deleted to retry or when their model is stale",
     ),
     Permission(
         "",
         "services",
-        ("get", "list", "create", "patch", "delete"),
-        "producer (headless), consumer, router; listed by pool, deleted when dropped",
+        ("list", "watch", "create", "patch", "delete"),
+        "producer (headless), consumer, router: cached; deleted when dropped",
     ),
     Permission(
         "",
         "persistentvolumeclaims",
-        ("get", "list", "create", "patch", "delete"),
-        "the shared-volume cache PVC; deleted when the pool switches to rdma",
+        ("list", "watch", "create", "patch", "delete"),
+        "the shared-volume cache PVC: cached; deleted when the pool switches to rdma",
     ),
     Permission(
         "",
         "configmaps",
-        ("get", "create", "patch"),
-        "width reports: read, store what the width Job's pod reported, add this pool as an "
-        "owner, count failed attempts",
+        ("list", "watch", "create", "patch"),
+        "width reports: cached; store what the width Job's pod reported, add this pool as "
+        "an owner, count failed attempts",
     ),
     Permission(
         "",
@@ -137,26 +144,27 @@ PERMISSIONS: tuple[Permission, ...] = (
     Permission(
         "",
         "serviceaccounts",
-        ("get", "list", "create", "patch", "delete"),
-        "the router's identity; deleted with the router",
+        ("list", "watch", "create", "patch", "delete"),
+        "the router's identity: cached; deleted with the router",
     ),
     Permission(
         "rbac.authorization.k8s.io",
         "roles",
-        ("get", "list", "create", "patch", "delete"),
-        "the router's Role (EndpointSlices of its pool); deleted with the router",
+        ("list", "watch", "create", "patch", "delete"),
+        "the router's Role (EndpointSlices of its pool): cached; deleted with the router",
     ),
     Permission(
         "rbac.authorization.k8s.io",
         "rolebindings",
-        ("get", "list", "create", "patch", "delete"),
-        "the router's RoleBinding; deleted with the router",
+        ("list", "watch", "create", "patch", "delete"),
+        "the router's RoleBinding: cached; deleted with the router",
     ),
     Permission(
         "networking.k8s.io",
         "networkpolicies",
-        ("get", "list", "create", "patch", "delete"),
-        "each pool's ingress NetworkPolicies; deleted when spec.networkPolicy is turned off",
+        ("list", "watch", "create", "patch", "delete"),
+        "each pool's ingress NetworkPolicies: cached; deleted when spec.networkPolicy is "
+        "turned off",
     ),
     # ---- held only to grant them (Kubernetes refuses a Role granting what its writer lacks)
     Permission(
@@ -172,6 +180,10 @@ PERMISSIONS: tuple[Permission, ...] = (
 # only these) from "every grant is used".
 DELEGATED: frozenset[tuple[str, str, str]] = frozenset(
     (p.group, p.resource, v) for p in PERMISSIONS if p.delegated for v in p.verbs
+)
+# Exercised only on an upgrade (tests/operator/test_level_true.py covers that path).
+UPGRADE_ONLY: frozenset[tuple[str, str, str]] = frozenset(
+    (p.group, p.resource, v) for p in PERMISSIONS if p.upgrade_only for v in p.verbs
 )
 
 

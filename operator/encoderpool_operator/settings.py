@@ -31,6 +31,34 @@ class OperatorSettings(BaseSettings):
         max_length=253,
         description="Address the metrics server listens on.",
     )
+    workers: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="Pools reconciled at once (each pass reads the cache, then writes).",
+    )
+    write_concurrency: int = Field(
+        default=16,
+        ge=1,
+        le=128,
+        description="API writes in flight at once, across all passes (one phase of a pass "
+        "is written at once).",
+    )
+    api_qps: float = Field(
+        default=200.0,
+        gt=0,
+        le=10000,
+        description="Average API requests a second (client-side token bucket).",
+    )
+    api_burst: int = Field(
+        default=400, ge=1, le=20000, description="Requests allowed at once above api_qps."
+    )
+    max_connections: int = Field(
+        default=32, ge=1, le=512, description="HTTP connections kept to the API server."
+    )
+    max_retry_seconds: float = Field(
+        default=300.0, ge=1, le=3600, description="Longest back-off after failed passes."
+    )
     kubeconfig: str | None = Field(
         default=None, description="Kubeconfig for running outside a cluster; in-cluster if unset."
     )

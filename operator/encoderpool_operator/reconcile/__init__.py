@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPoolStatus
+from encoderpool_operator.cache import Reader
 from encoderpool_operator.kube import Kube
-from encoderpool_operator.reconcile.act import act, write_status
+from encoderpool_operator.reconcile.act import Recorder, act, write_status
 from encoderpool_operator.reconcile.observe import observe
 from encoderpool_operator.reconcile.plan import invalid_status, plan
 
@@ -43,12 +45,22 @@ class Outcome:
 
 
 def reconcile(
-    kube: Kube, obj: Mapping[str, Any], defaults: render.Defaults, now: datetime
+    kube: Kube,
+    obj: Mapping[str, Any],
+    defaults: render.Defaults,
+    now: datetime,
+    reader: Reader | None = None,
+    executor: Executor | None = None,
+    record: Recorder | None = None,
 ) -> Outcome:
-    """One pass for one pool. Raises ValueError (naming the field) for an invalid spec."""
-    snap = observe(kube, obj)
+    """One pass for one pool. Raises ValueError (naming the field) for an invalid spec.
+
+    Reads go to ``reader`` (the operator's cache) or else to ``kube``; writes go to
+    ``kube``, each phase's at once on ``executor``, their results to ``record``.
+    """
+    snap = observe(reader or kube, obj)
     decided = plan(snap, defaults, now)
     for warning in decided.warnings:
         log.warning("%s", warning)
-    applied = act(kube, snap.pool.namespace, snap.pool.name, decided.actions)
+    applied = act(kube, snap.pool.namespace, snap.pool.name, decided.actions, executor, record)
     return Outcome(decided.status, decided.requeue_after, list(decided.transitions), applied)

@@ -41,9 +41,14 @@ class _Named:
 
 @dataclass(frozen=True)
 class MergePatch(_Named):
-    """A JSON merge patch; with ``metadata.resourceVersion`` in ``body`` it fails on a race."""
+    """A JSON merge patch; with ``metadata.resourceVersion`` in ``body`` it fails on a race.
+
+    ``strategic``: a strategic merge patch instead (built-in kinds only), which merges
+    lists such as ownerReferences by key, so concurrent writers need no guard.
+    """
 
     body: dict[str, Any]
+    strategic: bool = False
 
     def describe(self) -> str:
         return f"{self.kind}/{self.name} ({self.why})"

@@ -16,7 +16,7 @@ from typing import Any
 from encoderpool_connector.contracts import configmap_name
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
-from encoderpool_operator.kube import Kube
+from encoderpool_operator.cache import Reader, controller_uid
 from encoderpool_operator.reconcile.widths import job_state, parse_report
 
 # (apiVersion, kind, name) of a child in the pool's namespace (render.ref_of makes one).
@@ -25,14 +25,6 @@ ref_of = render.ref_of
 # The label the Job controller puts on each of a Job's pods: the Job's uid, so the
 # pods of a deleted and recreated Job of the same name are never mistaken for its own.
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
-
-
-def controller_uid(obj: Mapping[str, Any]) -> str | None:
-    """The uid of ``obj``'s controller (its ownerReference with controller: true), if any."""
-    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return str(ref.get("uid", ""))
-    return None
 
 
 @dataclass(frozen=True)
@@ -79,12 +71,13 @@ class Snapshot:
         )
 
 
-def observe(kube: Kube, obj: Mapping[str, Any]) -> Snapshot:
+def observe(kube: Reader, obj: Mapping[str, Any]) -> Snapshot:
     """Read one pool's world. Raises ValueError (naming the field) for an invalid spec.
 
     Children come from one list per kind (by the pool's label, kept when the pool is
     their controller); a wanted child missing from those lists is read by name, so an
-    object of someone else's with that name is seen (and left alone).
+    object of someone else's with that name is seen (and left alone). ``kube`` is the
+    API server itself or, in the operator, the read cache (``cache.PassView``).
     """
     pool = EncoderPool.from_object(obj)
     ns = pool.namespace

@@ -131,9 +131,10 @@ def store_report(
     """The write that puts this pool among the report ConfigMap's owners, with ``data``
     and/or a failure count; None when the live ConfigMap already has all of it.
 
-    A missing ConfigMap is created (labels, this pool as a non-controller owner);
-    an existing one is merge-patched, guarded by its resourceVersion whenever its
-    owners or data change, so two pools' passes cannot drop each other's owner.
+    A missing ConfigMap is created (labels, this pool as a non-controller owner); an
+    existing one gets a strategic merge patch, which merges ownerReferences by uid on
+    the server: many pools of one model add themselves at once without a conflict or
+    a resourceVersion guard, and none drops another's owner.
     """
     pool, cm = snap.pool, snap.report_cm
     if cm is None:
@@ -144,19 +145,15 @@ def store_report(
     meta: dict[str, Any] = {}
     body: dict[str, Any] = {}
     if pool.metadata["uid"] not in _owner_uids(cm):
-        meta["ownerReferences"] = [
-            *cm["metadata"].get("ownerReferences", []),
-            render.report_owner_reference(pool),
-        ]
+        meta["ownerReferences"] = [render.report_owner_reference(pool)]
     if data is not None:
         body["data"] = data
-    if meta or data is not None:
-        meta["resourceVersion"] = cm["metadata"]["resourceVersion"]
     if failures is not None:
         meta["annotations"] = {ANNOTATION_FAILURES: str(failures)}
-    if not meta:
+    if not meta and data is None:
         return None
-    body["metadata"] = meta
+    if meta:
+        body["metadata"] = meta
     why = (
         "report stored"
         if data is not None
@@ -164,7 +161,7 @@ def store_report(
         if failures is not None
         else "owner added"
     )
-    return MergePatch("v1", "ConfigMap", cm["metadata"]["name"], why=why, body=body)
+    return MergePatch("v1", "ConfigMap", cm["metadata"]["name"], why, body, strategic=True)
 
 
 def _condition(reason: str, message: str, gen: int | None, ok: bool = False) -> ConditionUpdate:

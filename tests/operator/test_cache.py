@@ -1,0 +1,107 @@
+"""The read cache: index entries, the overlay of our own writes, a pass's view."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from encoderpool_operator import render
+from encoderpool_operator.cache import (
+    BY_NAME,
+    BY_POOL,
+    Cache,
+    Overlay,
+    PassView,
+    index_entries,
+)
+
+NS, POOL = "ns", "tiny"
+MINE = {"app.kubernetes.io/managed-by": render.MANAGED_BY, render.LABEL_POOL: POOL}
+
+
+def obj(name: str, rv: str, labels: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": NS,
+            "name": name,
+            "resourceVersion": rv,
+            "labels": labels or {},
+            "managedFields": [{"manager": "x"}],
+            "ownerReferences": [{"uid": "u1", "controller": True}],
+        },
+        **extra,
+    }
+
+
+def test_our_children_are_indexed_in_full_by_pool_and_name_others_as_stubs() -> None:
+    ours = index_entries(obj("tiny-producer", "5", MINE, spec={"x": 1}), "apps/v1", "Deployment")
+    assert set(ours) == {(BY_NAME, NS, "tiny-producer"), (BY_POOL, NS, POOL)}
+    full = ours[(BY_POOL, NS, POOL)]
+    assert full["spec"] == {"x": 1}
+    assert full["kind"] == "Deployment"
+    assert "managedFields" not in full["metadata"]
+    other = index_entries(obj("tiny-producer", "6", spec={"big": "x" * 1000}), "v1", "Service")
+    (stub,) = other.values()
+    assert set(other) == {(BY_NAME, NS, "tiny-producer")}
+    assert "spec" not in stub  # only existence and the controller are kept
+    assert stub["metadata"]["ownerReferences"] == [{"uid": "u1", "controller": True}]
+
+
+def test_the_overlay_shows_a_write_until_the_cache_moves_on() -> None:
+    ov = Overlay()
+    ref = ("v1", "Service", "tiny")
+    ov.record((NS, POOL), ref, "5", {"metadata": {"resourceVersion": "6"}})
+    old = {"metadata": {"resourceVersion": "5"}}
+    assert ov.view((NS, POOL), ref, old) == {"metadata": {"resourceVersion": "6"}}
+    new = {"metadata": {"resourceVersion": "6"}}
+    assert ov.view((NS, POOL), ref, new) is new  # the watch delivered it: entry dropped
+    assert len(ov) == 0
+    ov.record((NS, POOL), ref, None, new)  # created: shown while the cache has nothing
+    assert ov.view((NS, POOL), ref, None) is new
+    ov.record((NS, POOL), ref, "6", None)  # deleted: hidden while the cache still has it
+    assert ov.view((NS, POOL), ref, new) is None
+
+
+class FakeIndex(dict[Any, Any]):
+    """kopf's Index: key -> a collection of values."""
+
+    def put(self, entries: dict[Any, Any]) -> None:
+        for key, value in entries.items():
+            self.setdefault(key, []).append(value)
+
+
+def test_a_pass_view_reads_the_cache_in_the_loop_and_records_what_it_wrote() -> None:
+    deployments, services, pools = FakeIndex(), FakeIndex(), FakeIndex()
+    deployments.put(index_entries(obj("tiny-producer", "5", MINE), "apps/v1", "Deployment"))
+    services.put(index_entries(obj("tiny", "3"), "v1", "Service"))  # someone else's
+    cache = Cache({("apps/v1", "Deployment"): deployments, ("v1", "Service"): services}, pools)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+
+        class NoApi:
+            def get(self, *a: Any) -> Any:
+                raise AssertionError(f"read the API: {a}")
+
+            def list(self, *a: Any) -> Any:
+                raise AssertionError(f"listed the API: {a}")
+
+        view = PassView(cache, loop, (NS, POOL), NoApi())
+        selector = f"{render.LABEL_POOL}={POOL}"
+        (dep,) = view.list("apps/v1", "Deployment", NS, selector)
+        assert dep["metadata"]["name"] == "tiny-producer"
+        theirs = view.get("v1", "Service", NS, "tiny")
+        assert theirs is not None
+        assert theirs["metadata"]["resourceVersion"] == "3"
+        assert view.get("v1", "Service", NS, "tiny-consumer") is None
+        view.record(("v1", "Service", "tiny-consumer"), obj("tiny-consumer", "9", MINE))
+        view.record(("apps/v1", "Deployment", "tiny-producer"), None)
+        again = PassView(cache, loop, (NS, POOL), NoApi())
+        assert again.get("v1", "Service", NS, "tiny-consumer") is not None
+        assert again.list("apps/v1", "Deployment", NS, selector) == []
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
