@@ -40,6 +40,13 @@ LARGE = (1300, 3584)
 SMALL = (64, 128)
 
 
+def _key() -> Any:
+    """Both sides sign as a pool does (the channel key), so the figures include it."""
+    from encoderpool_connector.rdma.auth import ChannelKey
+
+    return ChannelKey(b"encoderpool-benchmark-channel-key")
+
+
 def _config(buffer_bytes: int, shm_dir: str) -> Any:
     from encoderpool_connector.contracts import ConnectorConfig
 
@@ -76,8 +83,10 @@ def serve(shm_dir: str, n_large: int, n_small: int) -> None:
     size = sum(HEADER_BYTES + t.numel() * 2 + 64 for t in items.values())
     cfg = _config(max(size, 1 << 20), shm_dir)
     region = SharedRegion.create(shm_dir, cfg.rdma.buffer_bytes)
-    agent = ProducerAgent(region, ("UCX",))
-    channel = SideChannelServer("127.0.0.1", 0, agent.side_channel_reply(FP), timeout=5.0)
+    agent = ProducerAgent(region, ("UCX",), key=_key())
+    channel = SideChannelServer(
+        "127.0.0.1", 0, agent.side_channel_reply(FP), timeout=5.0, key=_key()
+    )
     alloc = SlotAllocator(region.size)
     worker = RdmaWorker(cfg, is_producer=True, is_consumer=False)
     plans = []
@@ -130,7 +139,7 @@ def bench_nixl(items: list[dict[str, Any]], shm_dir: str) -> dict[str, dict[str,
     biggest = max(i["coords"]["size"] for i in items)
     cfg = _config(max(2 * biggest + 4096, 1 << 20), shm_dir)
     region = SharedRegion.create(shm_dir, cfg.rdma.buffer_bytes)
-    puller = Puller(region, ("UCX",), fingerprint=FP, metadata_timeout=5.0)
+    puller = Puller(region, ("UCX",), fingerprint=FP, metadata_timeout=5.0, key=_key())
     worker = RdmaWorker(cfg, is_producer=False, is_consumer=True)
     worker._device = torch.device("cpu")
     res: dict[str, dict[str, list[float]]] = {}

@@ -9,8 +9,10 @@
 #                             while Go builds the clusters' binaries
 # Prints KEY=image lines: BASE_IMAGE (python only), OPERATOR_IMAGE (operator + router),
 # VLLM_IMAGE (vLLM + connector).
-# Env: DOCKER_HOST (tools/dockerd.sh start), ENCODERPOOL_CACHE, VLLM_BASE (online only:
-# a vLLM 0.32.0 image; default vLLM's CPU release image).
+# Env: DOCKER_HOST (tools/dockerd.sh start), ENCODERPOOL_CACHE; online only: PYTHON_BASE
+# and VLLM_BASE (a vLLM 0.32.0 image; default vLLM's CPU release image), each pinned by
+# digest (image@sha256:...) or refused unless ENCODERPOOL_UNPINNED_BASES=1. Offline pulls
+# nothing from a registry.
 set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,6 +21,13 @@ root=$(cd "$here/.." && pwd)
 cache=${ENCODERPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/encoderpool}
 online=0; [ "${1:-}" = --online ] && online=1
 fetch=0; [ "${1:-}" = --fetch ] && fetch=1
+# Online, the bases come from registries: by digest only (a tag can be moved under us).
+if [ $online = 1 ] && [ "${ENCODERPOOL_UNPINNED_BASES:-0}" != 1 ]; then
+  for ref in "${PYTHON_BASE:-python:3.11.11-slim-bookworm}" \
+             "${VLLM_BASE:-public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0}"; do
+    [[ $ref == *@sha256:* ]] || { echo "docker/build.sh: --online base $ref is not pinned by digest: set PYTHON_BASE and VLLM_BASE to image@sha256:... ('docker buildx imagetools inspect IMAGE' prints it), or ENCODERPOOL_UNPINNED_BASES=1 to build from tags" >&2; exit 2; }
+  done
+fi
 [ $fetch = 1 ] || : "${DOCKER_HOST:?DOCKER_HOST: the engine tools/dockerd.sh started}"
 docker() { /usr/bin/docker "$@"; }
 log() { echo "docker/build.sh: $*" >&2; }
@@ -70,7 +79,7 @@ context() {  # name wheels-dir(or empty) -> a build context: sources, the lock, 
   local ctx=$cache/images/ctx/$1
   rm -rf "$ctx"; mkdir -p "$ctx/wheels" "$ctx/requirements"
   (cd "$root" && sources | xargs -d '\n' cp --parents -t "$ctx")
-  cp "$root/requirements/lock.txt" "$ctx/requirements/"
+  cp "$root/requirements/lock.txt" "$root/requirements/constraints.txt" "$ctx/requirements/"
   [ -n "$2" ] && cp -al "$2/." "$ctx/wheels/" && rm -f "$ctx/wheels/.complete"
   echo "$ctx"
 }
@@ -90,7 +99,7 @@ backend_key=$(grep -A2 '^\[build-system\]' "$root/pyproject.toml" | hash)
 operator_key=$( { cat "$root/requirements/lock.txt" "$root/pyproject.toml"; } | hash)
 operator_wheels() {
   wheelhouse operator "$operator_key" \
-    --constraint "$root/requirements/lock.txt" "setuptools>=70" "$root[operator,router]"
+    --constraint "$root/requirements/constraints.txt" "setuptools>=70" "$root[operator,router]"
 }
 if [ $fetch = 1 ]; then
   python_base_tar >/dev/null
@@ -100,7 +109,7 @@ if [ $fetch = 1 ]; then
   exit 0
 fi
 if [ $online = 1 ]; then
-  py_base=python:3.11.11-slim-bookworm
+  py_base=${PYTHON_BASE:-python:3.11.11-slim-bookworm}
   vllm_base=${VLLM_BASE:-public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0}
   pip_args=(); tag_suffix=-online
 else

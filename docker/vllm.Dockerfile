@@ -11,14 +11,19 @@ FROM ${VLLM_BASE}
 ARG PIP_INDEX_ARGS=""
 COPY wheels/ /wheels/
 COPY pyproject.toml README.md /tmp/encoderpool/
+COPY requirements/constraints.txt /tmp/encoderpool/requirements/
 COPY operator/ /tmp/encoderpool/operator/
 COPY connector/ /tmp/encoderpool/connector/
 COPY router/ /tmp/encoderpool/router/
 # vLLM's images install with uv; ours (a venv) with pip. No kopf, no Kubernetes client.
+# The extras install with the project's pins (requirements/constraints.txt: the lock, which
+# was resolved against vLLM 0.32's own requirements, so it never moves what vLLM needs).
 # hadolint ignore=DL3013,SC2086
 RUN if python3 -m pip --version >/dev/null 2>&1; then \
-      python3 -m pip install --no-cache-dir ${PIP_INDEX_ARGS} "/tmp/encoderpool[connector,rdma]"; \
-    else uv pip install --system --no-cache ${PIP_INDEX_ARGS} "/tmp/encoderpool[connector,rdma]"; fi \
+      python3 -m pip install --no-cache-dir ${PIP_INDEX_ARGS} \
+        -c /tmp/encoderpool/requirements/constraints.txt "/tmp/encoderpool[connector,rdma]"; \
+    else uv pip install --system --no-cache ${PIP_INDEX_ARGS} \
+        -c /tmp/encoderpool/requirements/constraints.txt "/tmp/encoderpool[connector,rdma]"; fi \
  && rm -rf /tmp/encoderpool /wheels \
  && { command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python; } \
  && mkdir -p /home/vllm && chown 1000:1000 /home/vllm

@@ -14,6 +14,7 @@ from encoderpool_connector.contracts.announcement import (
     raw_announcement,
 )
 from encoderpool_connector.contracts.config import (
+    CHANNEL_KEY_ENV,
     ConnectorConfig,
     RdmaSettings,
     SharedVolumeSettings,
@@ -33,6 +34,7 @@ from encoderpool_connector.contracts.report import (
 
 __all__ = [
     "ANNOUNCE_KEY",
+    "CHANNEL_KEY_ENV",
     "COMPONENT",
     "CONFIGMAP_KEY",
     "CONFIGMAP_PREFIX",

@@ -4,7 +4,8 @@ The scheduler side (slots, coordinates, pulls, the NIXL agents) lives in
 ``scheduler``, the worker side (copies in and out of the shared region) in
 ``worker``; torch is imported only by the worker side. The producer
 advertises the host in env ``ENCODERPOOL_ADVERTISE_HOST`` (the pod IP; default
-127.0.0.1).
+127.0.0.1). Both roles sign and check with the pool's key in env
+``ENCODERPOOL_CHANNEL_KEY`` (``auth``); without it they run unauthenticated, warned.
 """
 
 from __future__ import annotations
@@ -81,8 +82,12 @@ class EncoderPoolNixlConnector(RoleRoutingConnector):
         from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
 
         from encoderpool_connector.contracts import dtype_name
+        from encoderpool_connector.rdma.auth import ChannelKey, warn_unauthenticated
         from encoderpool_connector.rdma.scheduler import RdmaScheduler
 
+        key = ChannelKey.from_env()
+        if key is None:
+            warn_unauthenticated("producer" if self.is_producer else "consumer")
         measured = measured_widths(self.config, vllm_config)
         return RdmaScheduler(
             self.config,
@@ -92,6 +97,7 @@ class EncoderPoolNixlConnector(RoleRoutingConnector):
             widths={**measured, **self.config.encoder_output_widths},
             metadata_resolver=PlaceholderMetadataResolver(vllm_config.model_config),
             advertise_host=advertise_host() if self.is_producer else "127.0.0.1",
+            channel_key=key,
         )
 
     def _make_worker(self, vllm_config: VllmConfig) -> RdmaWorker:

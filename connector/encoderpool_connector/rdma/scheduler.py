@@ -31,6 +31,7 @@ from encoderpool_connector.contracts import (
     raw_announcement,
 )
 from encoderpool_connector.lookups import LookupScheduler, short
+from encoderpool_connector.rdma.auth import AuthError, ChannelKey, OncePerPeer
 from encoderpool_connector.rdma.buffer import (
     HEADER_BYTES,
     SharedRegion,
@@ -44,6 +45,8 @@ from encoderpool_connector.rdma.channel import (
     SideChannelServer,
     WireError,
     parse_coordinates,
+    sign_coordinates,
+    verify_coordinates,
 )
 from encoderpool_connector.rdma.metadata import (
     LoadPlan,
@@ -95,6 +98,7 @@ class RdmaScheduler(LookupScheduler[_Pull]):
         widths: dict[str, int],
         metadata_resolver: Any,
         advertise_host: str,
+        channel_key: ChannelKey | None,
     ) -> None:
         super().__init__()
         rd = config.rdma
@@ -107,6 +111,8 @@ class RdmaScheduler(LookupScheduler[_Pull]):
         self.widths = widths
         self.resolver = metadata_resolver
         self.advertise_host = advertise_host
+        self.key = channel_key
+        self._refused_log = OncePerPeer("item coordinates naming")
         self.stats = RdmaECStats()
         self.region = SharedRegion.create(rd.shm_dir, rd.buffer_bytes)
         self.alloc = SlotAllocator(rd.buffer_bytes)
@@ -125,12 +131,13 @@ class RdmaScheduler(LookupScheduler[_Pull]):
         self._loading: dict[str, _Loading] = {}
         try:
             if is_producer:
-                self.agent = ProducerAgent(self.region, rd.backends)
+                self.agent = ProducerAgent(self.region, rd.backends, key=channel_key)
                 self.channel = SideChannelServer(
                     rd.bind_host,
                     rd.side_channel_port,
                     self.agent.side_channel_reply(config.model_fingerprint),
                     rd.metadata_timeout_ms / 1000.0,
+                    key=channel_key,
                 )
                 logger.info(
                     "encoderpool rdma producer: agent %s, side channel %s:%d (advertised as "
@@ -148,6 +155,7 @@ class RdmaScheduler(LookupScheduler[_Pull]):
                     rd.backends,
                     fingerprint=config.model_fingerprint,
                     metadata_timeout=rd.metadata_timeout_ms / 1000.0,
+                    key=channel_key,
                 )
                 logger.info(
                     "encoderpool rdma consumer: agent %s, %d bytes registered at %s",
@@ -298,7 +306,15 @@ class RdmaScheduler(LookupScheduler[_Pull]):
         for mm_hash, item in items.items():
             coords = self._coordinates(mm_hash, request.request_id)
             self.stats.add("announced" if coords is not None else "unannounced")
-            rdma = coords.to_json() if coords is not None else None
+            rdma = None
+            if coords is not None:
+                rdma = (
+                    sign_coordinates(
+                        self.key, coords, mm_hash, self.config.model_fingerprint, time.time()
+                    )
+                    if self.key is not None
+                    else coords.to_json()
+                )
             announce(item, Announcement(fingerprint=self.config.model_fingerprint, rdma=rdma))
         return items or None
 
@@ -350,6 +366,13 @@ class RdmaScheduler(LookupScheduler[_Pull]):
         if self.agent.bad_notices:
             self.stats.add("bad_notices", self.agent.bad_notices)
             self.agent.bad_notices = 0
+        if self.agent.unauthenticated:
+            self.stats.add("unauthenticated", self.agent.unauthenticated)
+            self.agent.unauthenticated = 0
+        if self.channel is not None:
+            for name, n in self.channel.take_counts().items():
+                if n:
+                    self.stats.add(name, n)
         for old in self.alloc.expire(time.monotonic() - self.rd.slot_ttl_s):
             if self._slots.get(old.key) is old:
                 del self._slots[old.key]
@@ -380,8 +403,13 @@ class RdmaScheduler(LookupScheduler[_Pull]):
                     f"fingerprint {announcement.fingerprint!r} is not this "
                     f"model's {self.config.model_fingerprint}"
                 )
+            if self.key is not None:  # before anything is acted on
+                self._verify(announcement.rdma, mm_hash)
             coords = parse_coordinates(announcement.rdma)
             self._expect(coords, request, index)
+        except AuthError:
+            self.stats.add("unauthenticated")
+            return _Pull(None, "miss")
         except ValueError as e:  # WireError, or the announcement itself is malformed
             self.stats.add("bad_coordinates")
             logger.warning(
@@ -403,6 +431,26 @@ class RdmaScheduler(LookupScheduler[_Pull]):
         future = self.puller.submit(coords, slot.offset, self.rd.transfer_timeout_ms / 1000.0)
         logger.debug("encoderpool: pulling item %s from %s", short(mm_hash), coords.agent)
         return _Pull(coords, "pulling", slot, future)
+
+    def _verify(self, raw: Any, mm_hash: str) -> None:
+        """AuthError (logged once per named producer) unless a holder of the pool's key
+        signed these coordinates for this item, within ``slot_ttl_s``."""
+        assert self.key is not None
+        try:
+            verify_coordinates(
+                self.key,
+                raw,
+                mm_hash,
+                self.config.model_fingerprint,
+                max_age=float(self.rd.slot_ttl_s),
+                now=time.time(),
+            )
+        except AuthError as e:
+            named = (
+                f"{raw.get('host')!s:.100}:{raw.get('port')!s:.8}" if isinstance(raw, dict) else "?"
+            )
+            self._refused_log.warn(named, f"{e}; item {short(mm_hash)} is encoded here")
+            raise
 
     def _expect(self, coords: Coordinates, request: Request, index: int) -> None:
         """What this consumer would compute for the item must be what the producer offers."""
@@ -435,9 +483,11 @@ class RdmaScheduler(LookupScheduler[_Pull]):
         pull.state = "miss"
         self.stats.add("misses")
         self.stats.add(
-            {"timeout": "transfer_timeouts", "corrupt": "corrupt"}.get(
-                result.kind, "transfer_failures"
-            )
+            {
+                "timeout": "transfer_timeouts",
+                "corrupt": "corrupt",
+                "unauthenticated": "unauthenticated",
+            }.get(result.kind, "transfer_failures")
         )
         logger.warning(
             "encoderpool: pulling item %s failed (%s); encoding it here",

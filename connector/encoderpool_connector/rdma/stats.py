@@ -33,6 +33,11 @@ RDMA_COUNTERS: dict[str, str] = {
     "evicted": "Slots evicted to make room for newer items.",
     "evicted_bytes": "Bytes evicted.",
     "bad_notices": "Malformed NIXL notifications a producer ignored.",
+    "unauthenticated": "Messages refused because their channel-key MAC did not verify "
+    "(unsigned, another key, changed, stale or replayed): coordinates and side-channel "
+    "replies on consumers, side-channel requests and release notices on producers.",
+    "channel_refused": "Side-channel connections a producer refused or cut: over the "
+    "per-peer or total cap, past their deadline, or malformed.",
 }
 
 

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from encoderpool_connector.rdma.auth import AuthError, ChannelKey, OncePerPeer
 from encoderpool_connector.rdma.buffer import SharedRegion
 from encoderpool_connector.rdma.channel import (
     Coordinates,
@@ -65,9 +66,14 @@ class ProducerAgent:
     millisecond while READs arrive, every ``IDLE_PROGRESS_S`` otherwise.
     """
 
-    def __init__(self, region: SharedRegion, backends: tuple[str, ...]) -> None:
+    def __init__(
+        self, region: SharedRegion, backends: tuple[str, ...], *, key: ChannelKey | None
+    ) -> None:
         self.name = agent_name("p")
         self.region = region
+        self._key = key
+        self._log = OncePerPeer("a release notice")
+        self.unauthenticated = 0
         self._agent = _make_agent(self.name, backends)
         self._reg = self._agent.get_reg_descs([(region.address, region.size, 0, "")], DRAM)
         self._agent.register_memory(self._reg, backends=list(backends))
@@ -95,11 +101,14 @@ class ProducerAgent:
             except Exception as e:  # a backend hiccup must not end progress
                 logger.warning("encoderpool: reading NIXL notifications failed: %r", e)
                 notifs = {}
-            for msgs in notifs.values():
+            for sender, msgs in notifs.items():
                 last = time.monotonic()
                 for raw in msgs:
                     try:
-                        self._notices.put(parse_release(bytes(raw)))
+                        self._notices.put(parse_release(bytes(raw), self._key))
+                    except AuthError as e:
+                        self.unauthenticated += 1
+                        self._log.warn(str(sender), str(e))
                     except WireError as e:
                         self.bad_notices += 1
                         logger.warning("encoderpool: ignoring a malformed release notice: %s", e)
@@ -134,7 +143,7 @@ class PullResult:
     seconds: float = 0.0
     slot_free: bool = True
     """False: a READ may still land in the slot; keep it until ``released()`` names it."""
-    kind: str = "ok"  # ok | bad_peer | unreachable | timeout | failed | corrupt
+    kind: str = "ok"  # ok | bad_peer | unreachable | unauthenticated | timeout | failed | corrupt
 
 
 @dataclass
@@ -166,8 +175,11 @@ class Puller:
         *,
         fingerprint: str,
         metadata_timeout: float,
+        key: ChannelKey | None,
     ) -> None:
         self.name = agent_name("c")
+        self.key = key
+        self._log = OncePerPeer("a side-channel reply")
         self.region = region
         self.fingerprint = fingerprint
         self.metadata_timeout = metadata_timeout
@@ -277,7 +289,7 @@ class Puller:
         self._waiting.append(job)
         if key not in self._fetching:
             self._fetching[key] = self._fetcher.submit(
-                fetch_peer, key[0], key[1], self.metadata_timeout
+                fetch_peer, key[0], key[1], self.metadata_timeout, self.key
             )
 
     def _advance_fetches(self) -> None:
@@ -290,6 +302,14 @@ class Puller:
             try:
                 info = fut.result()
                 peer = self._add_peer(key, info)
+            except AuthError as e:  # never handed to NIXL: no connect, no READ
+                reason = f"side channel {key[0]}:{key[1]}: {e}"
+                self._log.warn(f"{key[0]}:{key[1]}", str(e))
+                self._failed_peers[key] = (time.monotonic(), reason)
+                self._drop_peer(key)
+                for j in waiters:
+                    self._finish(j, PullResult(False, reason, kind="unauthenticated"))
+                continue
             except (OSError, WireError, ValueError, RuntimeError) as e:
                 reason = f"side channel {key[0]}:{key[1]}: {e}"
                 self._failed_peers[key] = (time.monotonic(), reason)
@@ -309,6 +329,8 @@ class Puller:
                 else:
                     self._finish(j, _agent_mismatch(j, peer))
         now = time.monotonic()
+        for k in [k for k, (t, _) in self._failed_peers.items() if now - t > NEGATIVE_CACHE_S]:
+            del self._failed_peers[k]  # bounded: only the last few seconds' failures
         for j in [j for j in self._waiting if now > j.deadline]:
             self._waiting.remove(j)
             self._finish(j, PullResult(False, "metadata fetch timed out", kind="timeout"))
@@ -376,7 +398,7 @@ class Puller:
             )
             remote = self._agent.get_xfer_descs([(peer.info.base + c.offset, c.size, 0)], DRAM)
             job.handle = self._agent.initialize_xfer(
-                "READ", local, remote, peer.name, encode_release(c.offset, c.gen)
+                "READ", local, remote, peer.name, encode_release(c.offset, c.gen, self.key)
             )
             state = self._agent.transfer(job.handle)
         except Exception as e:

@@ -17,13 +17,18 @@ import pytest
 
 from e2e.media import chat_request, encoder_request, image_part, token_ids
 from e2e.vllm_server import VllmServer, free_port
-from encoderpool_connector.contracts import ConnectorConfig
+from encoderpool_connector.contracts import CHANNEL_KEY_ENV, ConnectorConfig
 from tests.connector.fixtures import EpFactory, tiny_fingerprint
 from tests.router.fixtures import RouterProcess, encoded_hashes
 
 CONNECTOR = "EncoderPoolNixlConnector"
 MODULE = "encoderpool_connector.rdma"
-UCX_ENV = {"UCX_TLS": "tcp,self,sm", "ENCODERPOOL_ADVERTISE_HOST": "127.0.0.1"}
+CHANNEL_KEY = "epd-test-channel-key-0123456789abcdef"  # as the pool's Secret gives it
+UCX_ENV = {
+    "UCX_TLS": "tcp,self,sm",
+    "ENCODERPOOL_ADVERTISE_HOST": "127.0.0.1",
+    CHANNEL_KEY_ENV: CHANNEL_KEY,
+}
 
 
 def rdma_config(fingerprint: str, port: int, **settings: Any) -> dict[str, Any]:

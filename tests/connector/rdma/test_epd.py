@@ -9,13 +9,36 @@ test, so test order matters: pytest runs them in file order.
 from __future__ import annotations
 
 import copy
+import socket
+import struct
+import time
 from typing import Any
 
 import pytest
 
 from e2e.media import chat_request, image, token_ids
 from e2e.vllm_server import post_json
-from tests.connector.rdma.fixtures import RdmaPool, metric
+from encoderpool_connector.rdma.auth import COORDINATES, META_REPLY, ChannelKey
+from encoderpool_connector.rdma.channel import encode_frame, fetch_peer, meta_request, read_frame
+from tests.connector.rdma.fixtures import CHANNEL_KEY, RdmaPool, metric
+
+KEY = ChannelKey(CHANNEL_KEY.encode())
+OTHER_KEY = ChannelKey(b"another-pool-s-channel-key-012345")
+
+
+def resign(
+    params: dict[str, Any], mm_hash: str, fp: str, key: ChannelKey = KEY, **over: Any
+) -> Any:
+    """The item's coordinates changed by ``over``, then signed with ``key``: what a holder of
+    that key (a producer of that pool) could announce."""
+    out = copy.deepcopy(params)
+    rdma = out[mm_hash]["encoderpool"]["rdma"]
+    if isinstance(rdma, dict):
+        body = {k: v for k, v in rdma.items() if k != "mac"} | over
+        mac = key.mac(COORDINATES, {"coords": body, "mm_hash": mm_hash, "fingerprint": fp})
+        out[mm_hash]["encoderpool"]["rdma"] = {**body, "mac": mac}
+    return out
+
 
 pytestmark = pytest.mark.vllm
 
@@ -95,7 +118,10 @@ def test_bad_or_hostile_params_fall_back_to_encoding(rdma_pool: RdmaPool, case: 
     expected = pool.expected(png)
     mm_hash, params = pool.encode(png)
     misses = metric(pool.consumer, "encoderpool_ec_misses_total")
-    assert pool.consume(png, HOSTILE[case](params, mm_hash)) == expected
+    spoiled = HOSTILE[case](params, mm_hash)
+    if case not in ("rdma_garbage", "item_garbage"):  # a key holder's bad coordinates
+        spoiled = resign(spoiled, mm_hash, pool.fingerprint)
+    assert pool.consume(png, spoiled) == expected
     assert mm_hash in pool.consumer_encoded()
     if case != "item_garbage":  # an item that is not even a dict is simply unannounced
         assert metric(pool.consumer, "encoderpool_ec_misses_total") == misses + 1
@@ -107,6 +133,170 @@ def test_garbage_top_level_params_are_a_miss(rdma_pool: RdmaPool) -> None:
     expected = pool.expected(png)
     assert pool.consume(png, {"not-a-hash": {"encoderpool": {"v": 1}}}) == expected
     assert token_ids(pool.consumer.chat(chat_request(image(341)))) == pool.expected(image(341))
+
+
+class Listener:
+    """A TCP port that is no producer: counts who connects."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+
+    def connections(self) -> int:
+        n = 0
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except BlockingIOError:
+                return n
+            conn.close()
+            n += 1
+
+
+def _unsigned(params: dict[str, Any], mm_hash: str) -> dict[str, Any]:
+    del params[mm_hash]["encoderpool"]["rdma"]["mac"]
+    return params
+
+
+FORGED = {
+    "unsigned": lambda p, h, fp, port: _unsigned(resign(p, h, fp, port=port), h),
+    "another_pool_s_key": lambda p, h, fp, port: resign(p, h, fp, OTHER_KEY, port=port),
+    "changed_after_signing": lambda p, h, fp, port: _moved(p, h, port),
+    "stale": lambda p, h, fp, port: resign(p, h, fp, port=port, ts=time.time() - 400),
+    "other_item": None,
+}
+
+
+def _moved(params: dict[str, Any], mm_hash: str, port: int) -> dict[str, Any]:
+    out = copy.deepcopy(params)
+    out[mm_hash]["encoderpool"]["rdma"]["port"] = port  # the producer's mac kept
+    return out
+
+
+@pytest.mark.parametrize("case", list(FORGED))
+def test_forged_replayed_or_moved_announcements_are_refused_before_any_read(
+    rdma_pool: RdmaPool, case: str
+) -> None:
+    """Coordinates the pool's key did not sign for this item now, all but one naming a port
+    that is no producer: the consumer never connects there, READs nothing, encodes the
+    item itself and answers as monolithic; the counter and a warning say why."""
+    pool = rdma_pool
+    png = image(360 + list(FORGED).index(case))
+    expected = pool.expected(png)
+    mm_hash, params = pool.encode(png)
+    listener = Listener()
+    if case == "other_item":  # a genuine announcement of another item, replayed on this one
+        other_hash, other = pool.encode(image(369))
+        forged = {mm_hash: {**params[mm_hash], "encoderpool": other[other_hash]["encoderpool"]}}
+    else:
+        make = FORGED[case]
+        assert make is not None
+        forged = make(params, mm_hash, pool.fingerprint, listener.port)
+    before = {
+        name: metric(pool.consumer, f"encoderpool_ec_{name}_total")
+        for name in ("unauthenticated", "pulled_bytes", "transfer_failures")
+    }
+    assert pool.consume(png, forged) == expected
+    assert mm_hash in pool.consumer_encoded()
+    assert metric(pool.consumer, "encoderpool_ec_unauthenticated_total") == (
+        before["unauthenticated"] + 1
+    )
+    assert metric(pool.consumer, "encoderpool_ec_pulled_bytes_total") == before["pulled_bytes"]
+    assert (
+        metric(pool.consumer, "encoderpool_ec_transfer_failures_total")
+        == (before["transfer_failures"])
+    )
+    assert listener.connections() == 0
+    assert "encoderpool: refused item coordinates naming" in pool.consumer.log_text()
+    # The honest path right after: a hit, equal to monolithic.
+    png2 = image(370 + list(FORGED).index(case))
+    h2, p2 = pool.encode(png2)
+    assert pool.consume(png2, p2) == pool.expected(png2)
+    assert h2 not in pool.consumer_encoded()
+
+
+def _exchange(port: int, request: Any, source: str = "127.0.0.1") -> Any:
+    with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as s:
+        s.sendall(encode_frame(request))
+        return read_frame(s, 1 << 20, time.monotonic() + 5)
+
+
+def test_the_producer_s_side_channel_refuses_unsigned_forged_and_replayed_requests(
+    rdma_pool: RdmaPool,
+) -> None:
+    """The real producer gives its agent metadata (its memory keys) only to a fresh request
+    signed with the pool's key, once per nonce."""
+    pool = rdma_pool
+    port = pool.side_channel_port
+    honest, nonce = meta_request(KEY, time.time())
+    reply = _exchange(port, honest)
+    assert KEY.check(META_REPLY, reply)["nonce"] == nonce
+    assert reply["metadata"]
+    for request in (
+        {"v": 1, "op": "meta"},
+        meta_request(OTHER_KEY, time.time())[0],
+        honest,  # replayed
+        meta_request(KEY, time.time() - 120)[0],
+    ):
+        assert _exchange(port, request) == {"v": 1, "ok": False, "error": "unauthenticated"}
+    pool.encode(image(380))  # a step: the producer's counters reach its metrics
+    assert metric(pool.producer, "encoderpool_ec_unauthenticated_total") >= 4
+    assert "refused a side-channel request from 127.0.0.1" in pool.producer.log_text()
+
+
+def test_a_slow_loris_is_cut_at_the_deadline_while_honest_peers_are_served(
+    rdma_pool: RdmaPool,
+) -> None:
+    """Ten connections from 127.0.0.2 each sending a byte every 0.1 s: four are held until the
+    1 s deadline (metadata_timeout_ms), six are refused at once (per-peer cap); meanwhile a
+    signed fetch from 127.0.0.1 is served and an item goes producer -> consumer as a hit."""
+    pool = rdma_pool
+    conns = [
+        socket.create_connection(
+            ("127.0.0.1", pool.side_channel_port), source_address=("127.0.0.2", 0)
+        )
+        for _ in range(10)
+    ]
+    closed_at: dict[int, float] = {}
+    t0 = time.monotonic()
+    served, served_at = None, -1.0
+    try:
+        for s in conns:
+            s.sendall(struct.pack(">I", 4000))
+            s.setblocking(False)
+        while len(closed_at) < len(conns) and time.monotonic() - t0 < 10:
+            for i, s in enumerate(conns):
+                if i in closed_at:
+                    continue
+                try:
+                    s.send(b" ")  # after a header that promises 4000 bytes
+                    if s.recv(4096) == b"":
+                        closed_at[i] = time.monotonic() - t0
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed_at[i] = time.monotonic() - t0
+            if served is None and time.monotonic() - t0 > 0.2:
+                served = fetch_peer("127.0.0.1", pool.side_channel_port, 5.0, KEY)
+                served_at = time.monotonic() - t0
+            time.sleep(0.1)
+    finally:
+        for s in conns:
+            s.close()
+    times = sorted(closed_at.values())
+    print(f"slow loris: closed at {[round(t, 2) for t in times]} s; served at {served_at:.2f} s")
+    assert served is not None
+    assert served_at < 1.0  # while the four were held
+    assert len(times) == 10, closed_at
+    assert sum(t < 0.6 for t in times) == 6, times
+    assert all(0.8 < t < 3.0 for t in times[6:]), times
+    png = image(385)
+    mm_hash, params = pool.encode(png)
+    assert pool.consume(png, params) == pool.expected(png)
+    assert mm_hash not in pool.consumer_encoded()
 
 
 def test_producer_killed_consumer_still_answers(rdma_pool: RdmaPool) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from e2e.vllm_server import REPO, base_env
+from encoderpool_connector.rdma.auth import ChannelKey
 from encoderpool_connector.rdma.buffer import HEADER_BYTES, SharedRegion
 from encoderpool_connector.rdma.channel import Coordinates
 from encoderpool_connector.rdma.transfer import Puller, PullResult
@@ -30,6 +31,7 @@ from encoderpool_connector.shared_volume.entry import checksum
 FP = "0123456789abcdef"
 ITEM = (1300, 3584)  # tokens x width, bf16: ~9.3 MB, a large real encoder output
 UCX_ENV = {"UCX_TLS": "tcp,self,sm"}
+KEY = ChannelKey(b"test-nixl-channel-key-0123456789")
 
 
 def producer_main(shm_dir: str) -> None:
@@ -38,8 +40,8 @@ def producer_main(shm_dir: str) -> None:
     from encoderpool_connector.rdma.transfer import ProducerAgent
 
     region = SharedRegion.create(shm_dir, 32 << 20)
-    agent = ProducerAgent(region, ("UCX",))
-    server = SideChannelServer("127.0.0.1", 0, agent.side_channel_reply(FP), timeout=2.0)
+    agent = ProducerAgent(region, ("UCX",), key=KEY)
+    server = SideChannelServer("127.0.0.1", 0, agent.side_channel_reply(FP), timeout=2.0, key=KEY)
     size = ITEM[0] * ITEM[1] * 2
     offset = 4096 + HEADER_BYTES
     payload = region.view[offset : offset + size]
@@ -139,7 +141,7 @@ def shm_dir() -> Iterator[str]:
 def puller(shm_dir: str) -> Iterator[Puller]:
     os.environ.update(UCX_ENV)  # before this process's first UCX context
     region = SharedRegion.create(shm_dir, 64 << 20)
-    p = Puller(region, ("UCX",), fingerprint=FP, metadata_timeout=1.0)
+    p = Puller(region, ("UCX",), fingerprint=FP, metadata_timeout=1.0, key=KEY)
     yield p
     p.close()
     region.close()
@@ -191,6 +193,39 @@ def test_bad_coordinates_fail_cleanly(
     assert result.kind == kind, result
     assert result.slot_free
     assert pull(puller, producer.coords()).ok  # and the channel still works
+
+
+def test_a_producer_without_the_pool_s_key_is_never_handed_to_nixl(
+    puller: Puller, shm_dir: str
+) -> None:
+    """A real agent's metadata behind a side channel that does not hold the pool's key
+    (unsigned, or another pool's): refused before ``add_remote_agent``, so no NIXL connect
+    and no READ; the honest producer is still served."""
+    from encoderpool_connector.rdma.channel import SideChannelServer
+    from encoderpool_connector.rdma.transfer import ProducerAgent
+
+    region = SharedRegion.create(shm_dir, 1 << 20)
+    agent = ProducerAgent(region, ("UCX",), key=None)
+    servers = [
+        SideChannelServer("127.0.0.1", 0, agent.side_channel_reply(FP), timeout=2.0, key=k)
+        for k in (None, ChannelKey(b"another-pool-s-key-0123456789ab"))
+    ]
+    try:
+        for server in servers:
+            c = Coordinates(
+                agent.name, "127.0.0.1", server.port, 0, 4, "bfloat16", (2,),
+                "blake3:" + "0" * 64, 1,
+            )  # fmt: skip
+            result = pull(puller, c)
+            assert not result.ok
+            assert result.kind in ("unauthenticated", "unreachable"), result
+            assert "unsigned" in result.reason or "refused" in result.reason, result
+            assert ("127.0.0.1", server.port) not in puller._peers  # never handed to NIXL
+    finally:
+        for server in servers:
+            server.close()
+        agent.close()
+        region.close()
 
 
 def test_unreachable_producer_is_a_fast_failure(puller: Puller) -> None:

@@ -19,12 +19,15 @@ import torch
 
 from e2e.vllm_server import free_port
 from encoderpool_connector.contracts import ConnectorConfig
+from encoderpool_connector.rdma.auth import ChannelKey
+from encoderpool_connector.rdma.channel import parse_coordinates, sign_coordinates
 from encoderpool_connector.rdma.metadata import RdmaMetadata, RdmaWorkerMetadata
 from encoderpool_connector.rdma.scheduler import RdmaScheduler
 from encoderpool_connector.rdma.worker import RdmaWorker
 from tests.waiting import wait_until
 
 FP = "0123456789abcdef"
+KEY = ChannelKey(b"test-scheduler-channel-key-0123")
 TOKENS, WIDTH = 16, 128
 os.environ.setdefault("UCX_TLS", "tcp,self,sm")
 
@@ -79,7 +82,9 @@ def config(**rdma: Any) -> ConnectorConfig:
 class Side:
     """One role's scheduler + worker."""
 
-    def __init__(self, cfg: ConnectorConfig, shm_dir: str, *, producer: bool) -> None:
+    def __init__(
+        self, cfg: ConnectorConfig, shm_dir: str, *, producer: bool, key: ChannelKey | None = KEY
+    ) -> None:
         assert cfg.rdma is not None
         cfg = cfg.model_copy(update={"rdma": cfg.rdma.model_copy(update={"shm_dir": shm_dir})})
         self.sched = RdmaScheduler(
@@ -90,6 +95,7 @@ class Side:
             widths={"image": WIDTH},
             metadata_resolver=_Resolver(),
             advertise_host="127.0.0.1",
+            channel_key=key,
         )
         self.worker = RdmaWorker(cfg, is_producer=producer, is_consumer=not producer)
         self.worker._device = torch.device("cpu")
@@ -97,6 +103,12 @@ class Side:
     def close(self) -> None:
         self.worker.shutdown()
         self.sched.shutdown()
+
+
+def signed(coords: dict[str, Any], mm_hash: str, key: ChannelKey = KEY, **kw: Any) -> Any:
+    """Coordinates as a producer holding ``key`` would announce them."""
+    now = kw.pop("now", time.time())
+    return sign_coordinates(key, parse_coordinates(coords), mm_hash, FP, now)
 
 
 def embedding(seed: int) -> torch.Tensor:
@@ -269,6 +281,8 @@ def test_consumer_without_room_encodes_itself(shm_dir: str) -> None:
                 }
             }
         }
+        announcement: dict[str, Any] = forged["big-1"]["encoderpool"]
+        announcement["rdma"] = signed(announcement["rdma"], "big-1")  # a key holder's
         req = Req("c", ["big-1"], forged, tokens=5000)
         assert c.sched.ensure_cache_available(req, 0)  # decided at once: a miss
         assert not c.sched.has_cache_item("big-1")
@@ -299,7 +313,8 @@ def test_silent_producer_times_out_and_the_request_goes_on(shm_dir: str) -> None
             "checksum": "blake3:" + "0" * 64,
             "gen": 1,
         }
-        params = {"s-1": {"encoderpool": {"v": 1, "fingerprint": FP, "rdma": coords}}}
+        rdma = signed(coords, "s-1")
+        params = {"s-1": {"encoderpool": {"v": 1, "fingerprint": FP, "rdma": rdma}}}
         req = Req("c", ["s-1"], params)
         t0 = time.monotonic()
         assert not c.sched.ensure_cache_available(req, 0)  # in flight: deferred
@@ -348,3 +363,74 @@ def test_failed_load_reports_the_request_unavailable(pair: tuple[Side, Side]) ->
     c.sched.update_connector_output(wm)
     assert c.sched.take_unavailable_requests() == {"c"}
     assert len(c.sched.alloc) == 0
+
+
+OTHER_KEY = ChannelKey(b"another-pool-s-key-0123456789ab")
+
+
+def test_unsigned_forged_moved_or_stale_coordinates_are_never_connected_to(
+    shm_dir: str,
+) -> None:
+    """Coordinates naming a listener that is no producer of the pool: unsigned, signed with
+    another key, signed for another item, changed after signing, or too old. Each is a miss
+    counted as unauthenticated, and the listener never sees a connection."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    c = Side(config(slot_ttl_s=60), shm_dir, producer=False)
+    coords = {
+        "v": 1,
+        "agent": "ep-p-1-x",
+        "host": "127.0.0.1",
+        "port": listener.getsockname()[1],
+        "offset": 0,
+        "size": TOKENS * WIDTH * 2,
+        "dtype": "bfloat16",
+        "shape": [TOKENS, WIDTH],
+        "checksum": "blake3:" + "0" * 64,
+        "gen": 1,
+    }
+    cases = {
+        "unsigned": coords,
+        "another_key": signed(coords, "h-2", key=OTHER_KEY),
+        "another_item": signed(coords, "h-1"),
+        "changed": {**signed(coords, "h-4"), "offset": 64},
+        "stale": signed(coords, "h-5", now=time.time() - 61),
+    }
+    try:
+        for i, (case, rdma) in enumerate(cases.items(), start=1):
+            h = f"h-{i + 1}" if case == "another_item" else f"h-{i}"
+            params = {h: {"encoderpool": {"v": 1, "fingerprint": FP, "rdma": rdma}}}
+            req = Req(f"c{i}", [h], params)
+            assert c.sched.ensure_cache_available(req, 0), case  # decided at once: a miss
+            assert not c.sched.has_cache_item(h), case
+            c.sched.request_finished(req)
+        stats = c.sched.stats.take()
+        assert stats is not None
+        assert stats.data["unauthenticated"] == len(cases)
+        assert stats.data["misses"] == len(cases)
+        time.sleep(0.2)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody ever connected
+    finally:
+        c.close()
+        listener.close()
+
+
+def test_sides_with_different_keys_never_hit(shm_dir: str) -> None:
+    """A producer of another pool (another key): its items are encoded by the consumer."""
+    p = Side(config(), shm_dir, producer=True, key=OTHER_KEY)
+    c = Side(config(), shm_dir, producer=False)
+    try:
+        params = produce(p, Req("r", ["k-1"]), {})
+        assert "rdma" in params["k-1"]["encoderpool"]
+        req = Req("c", ["k-1"], params)
+        assert c.sched.ensure_cache_available(req, 0)
+        assert not c.sched.has_cache_item("k-1")
+        stats = c.sched.stats.take()
+        assert stats is not None
+        assert stats.data["unauthenticated"] == 1
+    finally:
+        c.close()
+        p.close()

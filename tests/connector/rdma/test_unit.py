@@ -19,6 +19,13 @@ from typing import Any
 import pytest
 
 from encoderpool_connector.contracts import ConnectorConfig
+from encoderpool_connector.rdma.auth import (
+    META_REPLY,
+    META_REQUEST,
+    AuthError,
+    ChannelKey,
+    NonceBook,
+)
 from encoderpool_connector.rdma.buffer import (
     ALIGN,
     HEADER_BYTES,
@@ -37,9 +44,11 @@ from encoderpool_connector.rdma.channel import (
     encode_frame,
     encode_release,
     fetch_peer,
+    meta_request,
     parse_coordinates,
     parse_meta_reply,
     parse_release,
+    read_frame,
     valid_host,
 )
 
@@ -262,10 +271,10 @@ def test_valid_host() -> None:
 
 
 def test_release_notices() -> None:
-    assert parse_release(encode_release(512, 9)) == (512, 9)
+    assert parse_release(encode_release(512, 9, None), None) == (512, 9)
     for raw in (b"", b"\xff\xfe", b"[]", b'{"v":1}', b'{"v":2,"slot":1,"gen":1}', b"x" * 1000):
         with pytest.raises(WireError):
-            parse_release(raw)
+            parse_release(raw, None)
 
 
 # ---- side channel ----
@@ -285,13 +294,13 @@ def meta_reply(**over: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def server() -> Any:
-    s = SideChannelServer("127.0.0.1", 0, meta_reply(), timeout=0.5)
+    s = SideChannelServer("127.0.0.1", 0, meta_reply(), timeout=0.5, key=None)
     yield s
     s.close()
 
 
 def test_side_channel_serves_metadata(server: SideChannelServer) -> None:
-    info = fetch_peer("127.0.0.1", server.port, 2.0)
+    info = fetch_peer("127.0.0.1", server.port, 2.0, None)
     assert info.metadata == b"nixl-bytes"
     assert info.agent == "ep-p-1-abc"
     assert info.fingerprint == FP
@@ -347,7 +356,7 @@ def test_side_channel_refuses_garbage_and_keeps_serving(
     while server.refused < 1 and time.monotonic() < deadline:
         time.sleep(0.01)  # the refusal is counted on the server's thread
     assert server.refused >= 1
-    assert fetch_peer("127.0.0.1", server.port, 2.0).agent == "ep-p-1-abc"
+    assert fetch_peer("127.0.0.1", server.port, 2.0, None).agent == "ep-p-1-abc"
 
 
 def test_side_channel_survives_a_flood_of_idle_connections(server: SideChannelServer) -> None:
@@ -360,7 +369,7 @@ def test_side_channel_survives_a_flood_of_idle_connections(server: SideChannelSe
         got = None
         for _ in range(20):
             try:
-                got = fetch_peer("127.0.0.1", server.port, 2.0)
+                got = fetch_peer("127.0.0.1", server.port, 2.0, None)
                 break
             except (OSError, WireError):
                 deadline.wait(0.2)
@@ -371,10 +380,10 @@ def test_side_channel_survives_a_flood_of_idle_connections(server: SideChannelSe
 
 
 def test_side_channel_port_in_use_names_the_key() -> None:
-    first = SideChannelServer("127.0.0.1", 0, meta_reply(), timeout=0.5)
+    first = SideChannelServer("127.0.0.1", 0, meta_reply(), timeout=0.5, key=None)
     try:
         with pytest.raises(OSError, match="side_channel_port"):
-            SideChannelServer("127.0.0.1", first.port, meta_reply(), timeout=0.5)
+            SideChannelServer("127.0.0.1", first.port, meta_reply(), timeout=0.5, key=None)
     finally:
         first.close()
 
@@ -404,7 +413,7 @@ def test_fetch_from_a_closed_port_is_an_oserror() -> None:
     port = s.getsockname()[1]
     s.close()
     with pytest.raises(ConnectionRefusedError):
-        fetch_peer("127.0.0.1", port, 0.5)
+        fetch_peer("127.0.0.1", port, 0.5, None)
 
 
 # ---- config ----
@@ -429,3 +438,185 @@ def test_rdma_settings_parse_and_name_bad_keys() -> None:
         ConnectorConfig.from_extra_config(
             {"transport": "rdma", "model_fingerprint": FP, "rdma": {"bind_host": "a b"}}
         )
+
+
+# ---- the channel key (issue 13: an authenticated side channel) ----
+
+KEY = ChannelKey(b"unit-test-channel-key-0123456789")
+OTHER = ChannelKey(b"another-pool-s-key-0123456789ab")
+
+
+def test_channel_key_signs_per_label_and_refuses_anything_else() -> None:
+    body = {"v": 1, "op": "meta", "ts": 1.5, "nonce": "ab" * 16}
+    signed = KEY.sign(META_REQUEST, body)
+    assert KEY.check(META_REQUEST, signed) == body
+    for bad, why in [
+        (body, "unsigned"),
+        (OTHER.sign(META_REQUEST, body), "bad mac"),
+        (KEY.sign(META_REPLY, body), "bad mac"),  # another kind of message
+        ({**signed, "ts": 2.5}, "bad mac"),  # changed after signing
+        ({**signed, "mac": "zz"}, "malformed"),
+        ([1], "object"),
+    ]:
+        with pytest.raises(AuthError, match=why):
+            KEY.check(META_REQUEST, bad)
+    with pytest.raises(ValueError, match="ENCODERPOOL_CHANNEL_KEY"):
+        ChannelKey(b"short")
+    assert ChannelKey.from_env({}) is None
+    assert ChannelKey.from_env({"ENCODERPOOL_CHANNEL_KEY": "  "}) is None
+    assert "hidden" in repr(ChannelKey.from_env({"ENCODERPOOL_CHANNEL_KEY": "x" * 32}))
+
+
+def test_signed_release_notices() -> None:
+    assert parse_release(encode_release(512, 9, KEY), KEY) == (512, 9)
+    for raw in (encode_release(512, 9, None), encode_release(512, 9, OTHER)):
+        with pytest.raises(AuthError):
+            parse_release(raw, KEY)
+
+
+def test_nonce_book_refuses_replays_and_stays_bounded() -> None:
+    book = NonceBook(window=10.0, capacity=3)
+    book.add("a", 0.0)
+    with pytest.raises(AuthError, match="replayed"):
+        book.add("a", 1.0)
+    book.add("b", 1.0)
+    book.add("c", 2.0)
+    with pytest.raises(AuthError, match="too many"):
+        book.add("d", 3.0)  # full of live nonces: refuse rather than forget one
+    book.add("d", 10.5)  # "a" aged out
+
+
+@pytest.fixture
+def keyed() -> Any:
+    s = SideChannelServer("127.0.0.1", 0, meta_reply(), timeout=0.5, key=KEY)
+    yield s
+    s.close()
+
+
+def _ask(port: int, request: Any, source: str = "127.0.0.1") -> Any:
+    with socket.create_connection(("127.0.0.1", port), timeout=3, source_address=(source, 0)) as s:
+        s.sendall(encode_frame(request))
+        return read_frame(s, 1 << 20, time.monotonic() + 3)
+
+
+def test_keyed_side_channel_refuses_unsigned_forged_stale_and_replayed_requests(
+    keyed: SideChannelServer,
+) -> None:
+    now = time.time()
+    honest, nonce = meta_request(KEY, now)
+    reply = _ask(keyed.port, honest)
+    assert KEY.check(META_REPLY, reply)["nonce"] == nonce  # served, signed for this request
+    stale, _ = meta_request(KEY, now - 120)
+    ahead, _ = meta_request(KEY, now + 120)
+    for request in (
+        {"v": 1, "op": "meta"},  # unsigned
+        meta_request(OTHER, now)[0],  # another pool's key
+        {**meta_request(KEY, now)[0], "op": "drop"},  # changed after signing
+        honest,  # replayed
+        stale,
+        ahead,
+    ):
+        out = _ask(keyed.port, request)
+        assert out == {"v": 1, "ok": False, "error": "unauthenticated"}, request
+        assert "metadata" not in out
+    assert keyed.take_counts()["unauthenticated"] == 6  # counted before the refusal is sent
+    assert fetch_peer("127.0.0.1", keyed.port, 2.0, KEY).agent == "ep-p-1-abc"
+
+
+def test_fetch_refuses_replies_of_another_key_or_request_and_unsigned_ones() -> None:
+    unsigned = SideChannelServer("127.0.0.1", 0, meta_reply(), timeout=0.5, key=None)
+    other = SideChannelServer("127.0.0.1", 0, meta_reply(), timeout=0.5, key=OTHER)
+    try:
+        with pytest.raises(AuthError, match="unsigned"):
+            fetch_peer("127.0.0.1", unsigned.port, 2.0, KEY)
+        with pytest.raises(WireError, match="refused"):  # it refuses our request
+            fetch_peer("127.0.0.1", other.port, 2.0, KEY)
+    finally:
+        unsigned.close()
+        other.close()
+    # A relay answering with a genuine reply to an earlier request: refused.
+    recorded = KEY.sign(META_REPLY, {"v": 1, "ok": True, **meta_reply(), "nonce": "cd" * 16})
+    relay = _OneReply(encode_frame(recorded))
+    try:
+        with pytest.raises(AuthError, match="another request"):
+            fetch_peer("127.0.0.1", relay.port, 2.0, KEY)
+    finally:
+        relay.close()
+
+
+class _OneReply:
+    """A fake producer: reads whatever comes, answers ``payload`` a chunk every ``every`` s."""
+
+    def __init__(self, payload: bytes, chunk: int = 1 << 20, every: float = 0.0) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.payload, self.chunk, self.every = payload, chunk, every
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            conn.recv(4096)
+            try:
+                for i in range(0, len(self.payload), self.chunk):
+                    conn.sendall(self.payload[i : i + self.chunk])
+                    time.sleep(self.every)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_dribbling_producer_is_cut_at_the_fetch_deadline() -> None:
+    reply = encode_frame(KEY.sign(META_REPLY, {"v": 1, "ok": True, **meta_reply()}))
+    slow = _OneReply(reply, chunk=1, every=0.1)  # a byte every 0.1 s: never idle 0.5 s
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WireError, match="deadline"):
+            fetch_peer("127.0.0.1", slow.port, 0.5, KEY)
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        slow.close()
+
+
+def test_slow_loris_is_cut_at_the_deadline_and_capped_per_peer(keyed: SideChannelServer) -> None:
+    """From 127.0.0.2, ten connections sending a byte every 0.1 s: four are held until the
+    0.5 s deadline (not one byte later), six are closed at once; 127.0.0.1 is served."""
+    conns = [
+        socket.create_connection(("127.0.0.1", keyed.port), source_address=("127.0.0.2", 0))
+        for _ in range(10)
+    ]
+    closed_at: dict[int, float] = {}
+    t0 = time.monotonic()
+    try:
+        for s in conns:
+            s.sendall(struct.pack(">I", 4000))
+            s.setblocking(False)
+        while len(closed_at) < len(conns) and time.monotonic() - t0 < 3:
+            for i, s in enumerate(conns):
+                if i in closed_at:
+                    continue
+                try:
+                    s.send(b" ")  # after a header that promises 4000 bytes
+                    if s.recv(4096) == b"":
+                        closed_at[i] = time.monotonic() - t0
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed_at[i] = time.monotonic() - t0
+            if 0.2 < time.monotonic() - t0 < 0.35:  # while the four are held
+                assert fetch_peer("127.0.0.1", keyed.port, 2.0, KEY).agent == "ep-p-1-abc"
+            time.sleep(0.1)
+    finally:
+        for s in conns:
+            s.close()
+    times = sorted(closed_at.values())
+    assert len(times) == 10, closed_at
+    assert sum(t < 0.3 for t in times) == 6, times  # over the per-peer cap: at once
+    assert all(0.4 < t < 1.0 for t in times[6:]), times  # the capped four: at the deadline
