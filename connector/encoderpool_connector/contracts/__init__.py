@@ -1,4 +1,5 @@
-"""Every format encoderpool's parts share: config, width report, identity, announcement, dtypes.
+"""Every format encoderpool's parts share: config, width report, identity, announcement, dtypes,
+and the names of the per-pool keys pods get (``keys``).
 
 The operator renders ``ConnectorConfig`` and reads ``WidthReport``; the width
 Job writes the report; the connector parses the config; producer, router and
@@ -20,6 +21,7 @@ from encoderpool_connector.contracts.config import (
 )
 from encoderpool_connector.contracts.dtypes import DTYPE_BYTES, Dtype, dtype_name, payload_bytes
 from encoderpool_connector.contracts.identity import ModelIdentity, identity_from_vllm_config
+from encoderpool_connector.contracts.keys import CHANNEL_KEY_ENV
 from encoderpool_connector.contracts.report import (
     COMPONENT,
     CONFIGMAP_KEY,
@@ -33,6 +35,7 @@ from encoderpool_connector.contracts.report import (
 
 __all__ = [
     "ANNOUNCE_KEY",
+    "CHANNEL_KEY_ENV",
     "COMPONENT",
     "CONFIGMAP_KEY",
     "CONFIGMAP_PREFIX",
