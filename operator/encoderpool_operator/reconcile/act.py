@@ -6,6 +6,7 @@ a half-done plan is never resumed from stale reads.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ from encoderpool_operator.reconcile.actions import (
     Action,
     Apply,
     Create,
+    CreateSecret,
     Delete,
     MergePatch,
     PatchStatus,
@@ -31,6 +33,11 @@ def act(kube: Kube, namespace: str, name: str, actions: tuple[Action, ...]) -> l
                 kube.apply(obj)
             case Create(obj=obj):
                 kube.create(obj, exist_ok=True)
+            case CreateSecret(obj=obj, random_keys=keys):
+                # Fresh values for a new Secret; an existing one (409) keeps its own.
+                # Never logged: only the Secret's name appears in ``done``.
+                data = {key: secrets.token_urlsafe(32) for key in keys}
+                kube.create({**obj, "stringData": data}, exist_ok=True)
             case MergePatch(api_version=api_version, kind=kind, name=child, body=body):
                 kube.merge_patch(api_version, kind, namespace, child, body)
             case Delete(api_version=api_version, kind=kind, name=child):
