@@ -353,8 +353,8 @@ def vllm_deployment(pool: EncoderPool, role: str, config: ConnectorConfig) -> di
     env = _model_env(pool)
     env += rdma_env
     env += [
-        # vLLM then answers /v1/* only with this key: only the router has it (and the
-        # user's own proxy when the router is off). /health and /metrics stay open.
+        # With the guard in vllm_args, every route but /health and /metrics needs this
+        # key: only the router has it (and the user's own proxy when the router is off).
         _internal_key(pool, VLLM_API_KEY_ENV, VLLM_API_KEY_KEY),
         _internal_key(pool, CHANNEL_KEY_ENV, CHANNEL_KEY_KEY),
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
