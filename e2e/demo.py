@@ -159,11 +159,12 @@ def main(argv: list[str]) -> int:
             for cpu, component in enumerate(("producer", "consumer")):
                 pods[component] = LocalPod(
                     first_pod(cluster, component), work / f"{component}.log", free_port(),
-                    rewrite, base_env(str(cpu)),
+                    rewrite, base_env(str(cpu)), cluster=cluster,  # the pool's key: a Secret
                 ).start()  # fmt: skip
                 stack.callback(pods[component].stop)
             for p in pods.values():
                 p.wait_healthy()
+            router_metrics = f"http://127.0.0.1:{free_port()}"
             router = LocalPod(
                 first_pod(cluster, "router"), work / "router.log", free_port(), rewrite,
                 base_env(),
@@ -171,7 +172,9 @@ def main(argv: list[str]) -> int:
                     "--producer-service": ["--producers", pods["producer"].url],
                     "--consumer-service": ["--consumers", pods["consumer"].url],
                     "--namespace": [],
+                    "--metrics-port": ["--metrics-port", router_metrics.rsplit(":", 1)[1]],
                 },
+                cluster=cluster,
             ).start()  # fmt: skip
             stack.callback(router.stop)
             router.wait_healthy()
@@ -181,7 +184,7 @@ def main(argv: list[str]) -> int:
             answer = post_json(router.url + "/v1/chat/completions", chat_request(image(7)))
         say("  answer", f"{answer['choices'][0]['message']['content']!r} (random weights: noise)")
         say("  token ids", str(token_ids(answer)))
-        remote = metric(router.url, "encoderpool_router_media_items_total", 'encoded="remote"')
+        remote = metric(router_metrics, "encoderpool_router_media_items_total", 'encoded="remote"')
         hits = metric(pods["consumer"].url, "encoderpool_ec_hits_total")
         say("  router", f"{remote:.0f} image encoded by the producer")
         source = "read over NIXL/UCX" if transport == "rdma" else "loaded from the shared volume"

@@ -9,15 +9,22 @@ container's terminationMessagePath maps to a local file; afterwards the exit
 code and what the file holds (its last 4096 bytes, as a kubelet keeps) go to
 kwok, which moves the pod to Succeeded or Failed with that termination message
 for the Job controller and the operator to see.
+
+Secrets reach the process as a kubelet would hand them to the container: an env
+``valueFrom.secretKeyRef`` becomes the key's value, a ``secret`` volume becomes
+a local directory of its keys (the mount path rewritten to it). The stand-in
+reads them with the cluster's admin credentials, as a kubelet reads with its own.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,8 +92,48 @@ def local_argv(container: dict[str, Any]) -> list[str]:
     return argv
 
 
-def local_env(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
-    """The container's literal env plus the downward-API fields the operator uses."""
+# (namespace, name) -> the Secret's data, decoded; None when there is no such Secret.
+SecretReader = Callable[[str, str], dict[str, str] | None]
+
+
+def secret_reader(cluster: LocalCluster) -> SecretReader:
+    """Read Secrets as the kubelet would, with the cluster's admin credentials."""
+
+    def read(namespace: str, name: str) -> dict[str, str] | None:
+        out = cluster.kubectl(
+            "get", "secret", name, "-n", namespace, "-o", "json", "--ignore-not-found"
+        )
+        if not out.strip():
+            return None
+        data = json.loads(out).get("data") or {}
+        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+    return read
+
+
+def _secret_key(
+    secrets: SecretReader | None, namespace: str, ref: dict[str, Any], what: str
+) -> str | None:
+    """A secretKeyRef's value; None when optional and missing; otherwise a missing Secret or
+    key is an error, as it keeps a real kubelet from starting the container."""
+    data = secrets(namespace, ref["name"]) if secrets is not None else None
+    if data is not None and ref["key"] in data:
+        return data[ref["key"]]
+    if ref.get("optional"):
+        return None
+    if secrets is None:
+        raise RuntimeError(f"{what} needs Secret {ref['name']}: pass a secret reader")
+    raise RuntimeError(
+        f"{what}: Secret {namespace}/{ref['name']} or its key {ref['key']!r} is missing "
+        "(a kubelet would not start the container: CreateContainerConfigError)"
+    )
+
+
+def local_env(
+    pod: dict[str, Any], container: dict[str, Any], secrets: SecretReader | None = None
+) -> dict[str, str]:
+    """The container's literal env, the downward-API fields the operator uses, and
+    secretKeyRef values (read through ``secrets``)."""
     env = dict(os.environ)
     env.pop("KUBERNETES_SERVICE_HOST", None)  # never in-cluster here: use the kubeconfig
     fields = {
@@ -94,12 +141,44 @@ def local_env(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
         "metadata.name": pod["metadata"]["name"],
         "status.podIP": "127.0.0.1",  # the pod runs here
     }
+    namespace = pod["metadata"]["namespace"]
     for item in container.get("env", []):
+        source = item.get("valueFrom", {})
         if "value" in item:
             env[item["name"]] = item["value"]
-        elif ref := item.get("valueFrom", {}).get("fieldRef"):
+        elif ref := source.get("fieldRef"):
             env[item["name"]] = fields[ref["fieldPath"]]
+        elif ref := source.get("secretKeyRef"):
+            value = _secret_key(secrets, namespace, ref, f"env {item['name']}")
+            if value is not None:
+                env[item["name"]] = value
     return env
+
+
+def secret_volumes(
+    pod: dict[str, Any], container: dict[str, Any], secrets: SecretReader, root: Path
+) -> dict[str, str]:
+    """Write each ``secret`` volume the container mounts under ``root`` (its keys, or its
+    ``items``, as files); returns mountPath -> local directory, for argument rewriting."""
+    namespace = pod["metadata"]["namespace"]
+    volumes = {v["name"]: v["secret"] for v in pod["spec"].get("volumes", []) if "secret" in v}
+    out: dict[str, str] = {}
+    for mount in container.get("volumeMounts", []):
+        source = volumes.get(mount["name"])
+        if source is None:
+            continue
+        data = secrets(namespace, source["secretName"])
+        if data is None:
+            raise RuntimeError(f"volume {mount['name']}: no Secret {source['secretName']}")
+        items = source.get("items") or [{"key": k, "path": k} for k in data]
+        local = root / f"{pod['metadata']['name']}-{mount['name']}"
+        local.mkdir(parents=True, exist_ok=True)
+        for item in items:
+            target = local / item["path"]
+            target.write_text(data[item["key"]])
+            target.chmod(0o600)
+        out[mount["mountPath"]] = str(local)
+    return out
 
 
 def run_pods(
@@ -144,7 +223,7 @@ def run_pods(
         name = pod["metadata"]["name"]
         seen.add(name)
         container = pod["spec"]["containers"][0]
-        env = local_env(pod, container)
+        env = local_env(pod, container, secret_reader(cluster))
         if automounts_token(pod):
             sa = pod["spec"].get("serviceAccountName", "default")
             env["KUBECONFIG"] = str(
@@ -179,7 +258,8 @@ class LocalPod:
     ``rewrite`` maps in-pod strings to local ones (a volume's mountPath to a
     local directory, the listen address to 127.0.0.1) wherever they appear in
     an argument, JSON included; ``replace_flags`` swaps whole flags (the
-    router's Service discovery for local URLs).
+    router's Service discovery for local URLs). With ``cluster``, secretKeyRef env
+    and ``secret`` volumes are read from it (beside the log file for volumes).
     """
 
     pod: dict[str, Any]
@@ -188,6 +268,7 @@ class LocalPod:
     rewrite: dict[str, str]
     env: dict[str, str]
     replace_flags: dict[str, list[str]] | None = None
+    cluster: LocalCluster | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
@@ -216,7 +297,11 @@ class LocalPod:
 
     def start(self) -> LocalPod:
         container = self.pod["spec"]["containers"][0]
-        env = {**local_env(self.pod, container), **self.env}
+        secrets = secret_reader(self.cluster) if self.cluster is not None else None
+        if secrets is not None:
+            mounts = secret_volumes(self.pod, container, secrets, self.log_path.parent)
+            self.rewrite = {**self.rewrite, **mounts}
+        env = {**local_env(self.pod, container, secrets), **self.env}
         self.proc = start_group(self.argv(), env, self.log_path)
         return self
 

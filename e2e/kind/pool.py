@@ -195,16 +195,21 @@ def token_ids_pool_and_monolithic(
 
 
 def monolithic(kind: KindCluster, namespace: str, pool: str) -> dict[str, Any]:
-    """A monolithic vLLM Deployment: the pool's consumer pod, less the EC connector, so that
-    it serves the same model with the same flags from the same image and volumes."""
+    """A monolithic vLLM Deployment: the pool's consumer pod, less the EC connector and the
+    API key, so that it serves the same model with the same flags from the same image and
+    volumes."""
     consumer = kind.get("deployment", "-n", namespace, f"{pool}-consumer")
     template = consumer["spec"]["template"]
     labels = {"app.kubernetes.io/name": "mono-vllm", "encoderpool.test/of": pool}
     template["metadata"] = {"labels": labels}
     container = template["spec"]["containers"][0]
     args = container["args"]
-    i = args.index("--ec-transfer-config")
-    container["args"] = args[:i] + args[i + 2 :]
+    for flag in ("--ec-transfer-config", "--middleware"):  # no connector, no API key guard
+        i = args.index(flag)
+        args = args[:i] + args[i + 2 :]
+    container["args"] = args
+    # The test talks to it directly: it needs no key (nor the pool's internal Secret).
+    container["env"] = [e for e in container.get("env", []) if e["name"] != "VLLM_API_KEY"]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

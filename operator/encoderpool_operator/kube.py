@@ -25,6 +25,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Service"): "services",
     ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "Secret"): "secrets",  # create only: the operator never reads a Secret
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",

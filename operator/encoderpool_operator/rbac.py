@@ -137,6 +137,14 @@ PERMISSIONS: tuple[Permission, ...] = (
     ),
     Permission(
         "",
+        "secrets",
+        ("create",),
+        "each pool's <pool>-internal Secret (random keys: vLLM API key, rdma channel key). "
+        "Create only, never get/list/watch: reading would expose every Secret of the "
+        "namespace; pods get the keys by secretKeyRef",
+    ),
+    Permission(
+        "",
         "pods",
         ("list",),
         "a finished width Job's pod (by controller-uid): its termination message is the report",

@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from encoderpool_connector.api_guard import MIDDLEWARE as API_GUARD
 from encoderpool_connector.contracts import (
+    CHANNEL_KEY_ENV,
     LABEL_FINGERPRINT,
     ConnectorConfig,
     ModelIdentity,
@@ -27,6 +29,7 @@ from encoderpool_operator.api import (
     API_VERSION,
     HUB_TOKEN_ENV,
     KIND,
+    VLLM_API_KEY_ENV,
     EncoderPool,
     ResourceRequirements,
     RoleSpec,
@@ -39,6 +42,8 @@ CONNECTOR_MODULES = {
     "rdma": ("EncoderPoolNixlConnector", "encoderpool_connector.rdma"),
 }
 HTTP_PORT = 8000
+# The router serves /metrics here, apart from the client port (scrapers never need the API).
+ROUTER_METRICS_PORT = 9090
 ROUTER_REUSE_SECONDS = 60
 LABEL_POOL = "encoderpool.io/pool"
 LABEL_COMPONENT = "app.kubernetes.io/component"
@@ -53,6 +58,18 @@ MAX_CHILD_NAME = 63
 MANAGED_BY = "encoderpool-operator"
 PRODUCER, CONSUMER, ROUTER, WIDTH_JOB = "producer", "consumer", "router", "width-job"
 MEASURE_CONTAINER = "measure"
+# The per-pool Secret <pool>-internal: made by the operator (random values, see
+# reconcile/act.py), never read by it; pods get its keys by secretKeyRef.
+INTERNAL = "internal"
+VLLM_API_KEY_KEY = "vllm-api-key"  # the router's key toward producers and consumers
+CHANNEL_KEY_KEY = "channel-key"  # the rdma side channel's key
+INTERNAL_KEYS = (VLLM_API_KEY_KEY, CHANNEL_KEY_KEY)
+# The router's copy of VLLM_API_KEY (RouterSettings.backend_api_key).
+ROUTER_BACKEND_KEY_ENV = "ENCODERPOOL_ROUTER_BACKEND_API_KEY"
+# Where the router pods see the client tokens (spec.router.auth): a Secret volume, so
+# Kubernetes updates the file when the Secret changes (a subPath mount would not be).
+CLIENT_TOKENS_DIR = "/etc/encoderpool/client-tokens"
+CLIENT_TOKENS_FILE = "tokens"
 # Where the width Job's container leaves its report; the kubelet keeps it in the pod's status.
 TERMINATION_LOG = "/dev/termination-log"
 
@@ -215,6 +232,25 @@ def _model_volume(pool: EncoderPool) -> tuple[list[dict[str, Any]], list[dict[st
     return [volume], [mount]
 
 
+def _internal_key(pool: EncoderPool, env: str, key: str) -> dict[str, Any]:
+    """Env ``env`` from key ``key`` of the pool's internal Secret (a reference, never a value)."""
+    return {
+        "name": env,
+        "valueFrom": {"secretKeyRef": {"name": name_of(pool, INTERNAL), "key": key}},
+    }
+
+
+def internal_secret(pool: EncoderPool) -> dict[str, Any]:
+    """``<pool>-internal`` without its data: ``act`` fills ``INTERNAL_KEYS`` with fresh
+    random values when it creates it. Owned by the pool, so it goes with the pool."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(pool, name_of(pool, INTERNAL), INTERNAL),
+        "type": "Opaque",
+    }
+
+
 def _pull_secrets(pool: EncoderPool) -> dict[str, Any]:
     secrets = pool.spec.image_pull_secrets
     return {"imagePullSecrets": [{"name": s.name} for s in secrets]} if secrets else {}
@@ -264,6 +300,9 @@ def vllm_args(pool: EncoderPool, role: str, config: ConnectorConfig) -> list[str
         "--port", str(HTTP_PORT),
         "--dtype", spec.model.dtype,
         "--tensor-parallel-size", str(role_spec.tensor_parallel_size),
+        # Every route but /health and /metrics needs VLLM_API_KEY (vLLM's own key check
+        # leaves /invocations, /tokenize and more open).
+        "--middleware", API_GUARD,
     ]  # fmt: skip
     if spec.model.revision:
         args += ["--revision", spec.model.revision]
@@ -314,6 +353,10 @@ def vllm_deployment(pool: EncoderPool, role: str, config: ConnectorConfig) -> di
     env = _model_env(pool)
     env += rdma_env
     env += [
+        # With the guard in vllm_args, every route but /health and /metrics needs this
+        # key: only the router has it (and the user's own proxy when the router is off).
+        _internal_key(pool, VLLM_API_KEY_ENV, VLLM_API_KEY_KEY),
+        _internal_key(pool, CHANNEL_KEY_ENV, CHANNEL_KEY_KEY),
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "DO_NOT_TRACK", "value": "1"},
         {"name": "HOME", "value": "/home/vllm"},
@@ -487,8 +530,9 @@ def _network_policy(pool: EncoderPool, component: str, ingress: list[Any]) -> di
 def network_policies(pool: EncoderPool) -> list[dict[str, Any]]:
     """Ingress policies, one per component: clients -> router -> producers and consumers,
     consumers -> producers (rdma: side channel and UCX, whose ports are ephemeral),
-    scrapers -> the vLLM port, nothing -> the width Job. Egress is left open (the
-    router watches the API server, the pods may load models from a hub)."""
+    scrapers -> the vLLM port and the router's metrics port, nothing -> the width Job.
+    Egress is left open (the router watches the API server, the pods may load models
+    from a hub)."""
     spec = pool.spec.network_policy
     if not spec.enabled:
         return []
@@ -507,8 +551,9 @@ def network_policies(pool: EncoderPool) -> list[dict[str, Any]]:
         vllm_port = [allow([pods_of(ROUTER)])]
     else:  # the user's own proxy reaches the vLLM pods
         vllm_port = [allow(anyone_or_clients)]
-    if spec.metrics:
-        vllm_port.append(allow([p.render() for p in spec.metrics]))
+    scrapers = [p.render() for p in spec.metrics]
+    if scrapers:  # vLLM serves /metrics on its API port (its /v1 needs the pool's key)
+        vllm_port.append(allow(scrapers))
     producers = list(vllm_port)
     if pool.spec.connector.rdma is not None:
         producers.append(allow([pods_of(CONSUMER)], ports=None))
@@ -518,7 +563,10 @@ def network_policies(pool: EncoderPool) -> list[dict[str, Any]]:
         _network_policy(pool, WIDTH_JOB, []),
     ]
     if pool.spec.router.enabled:
-        out.append(_network_policy(pool, ROUTER, [allow(anyone_or_clients)]))
+        router = [allow(anyone_or_clients)]
+        if scrapers:  # the router's /metrics has a port of its own: clients never reach it
+            router.append(allow(scrapers, ports=[{"protocol": "TCP", "port": ROUTER_METRICS_PORT}]))
+        out.append(_network_policy(pool, ROUTER, router))
     return out
 
 
@@ -547,8 +595,15 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
             "0.0.0.0",
             "--port",
             str(HTTP_PORT),
+            "--metrics-port",
+            str(ROUTER_METRICS_PORT),
         ],
-        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        # Its key toward producers and consumers; the client's Authorization never passes.
+        "env": [_internal_key(pool, ROUTER_BACKEND_KEY_ENV, VLLM_API_KEY_KEY)],
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
+        ],
         "securityContext": {**copy.deepcopy(_RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},
         # Importing the router takes ~30 s on a busy 2-core node (seen on kind): without a
         # startup probe, liveness killed it before it listened. Liveness starts after this.
@@ -574,6 +629,23 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
         # CPU); an entry evicted meanwhile is only a miss: the consumer encodes.
         # Not for rdma: consumers need the producer's transfer coordinates.
         container["args"] += ["--reuse-encoded-s", str(ROUTER_REUSE_SECONDS)]
+    volumes: list[dict[str, Any]] = []
+    if router.auth is not None:
+        ref = router.auth.bearer_token_secret
+        container["args"] += ["--auth-token-file", f"{CLIENT_TOKENS_DIR}/{CLIENT_TOKENS_FILE}"]
+        container["volumeMounts"] = [
+            {"name": "client-tokens", "mountPath": CLIENT_TOKENS_DIR, "readOnly": True}
+        ]
+        volumes.append(
+            {
+                "name": "client-tokens",
+                "secret": {
+                    "secretName": ref.name,
+                    "items": [{"key": ref.key, "path": CLIENT_TOKENS_FILE}],
+                    "defaultMode": 0o440,  # owner and fsGroup (the router's uid and gid)
+                },
+            }
+        )
     if resources := _resources(router.resources):
         container["resources"] = resources
     if pool.spec.image_pull_policy:
@@ -584,6 +656,8 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
         "securityContext": copy.deepcopy(_RESTRICTED_POD),
         "enableServiceLinks": False,
     }
+    if volumes:
+        pod_spec["volumes"] = volumes
     pod_spec.update(_pull_secrets(pool))
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": rbac_meta},

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from encoderpool_router.app import Router, build_app
+from encoderpool_router.app import Router, build_app, metrics_lifespan
 from encoderpool_router.config import parse_settings
 
 
@@ -23,17 +23,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request is noise
-    router = Router(settings)
+    try:
+        router = Router(settings)
+    except ValueError as e:  # the client token file cannot be used
+        print(f"invalid router settings:\n  {e}", file=sys.stderr)
+        return 2
     logging.getLogger(__name__).info(
-        "router on %s:%s; %s",
+        "router on %s:%s (metrics on port %s); %s; client auth %s, backend key %s",
         settings.host,
         settings.port,
+        settings.metrics_port,
         f"EndpointSlices of {settings.producer_service} and {settings.consumer_service}"
         if settings.discovery
         else f"producers {list(settings.producers)}, consumers {list(settings.consumers)}",
+        f"from {settings.auth_token_file}" if settings.auth_token_file else "off",
+        "set" if settings.backend_api_key is not None else "unset",
     )
+    app = build_app(router)
+    app.cleanup_ctx.append(metrics_lifespan(router, settings.host, settings.metrics_port))
     web.run_app(
-        build_app(router),
+        app,
         host=settings.host,
         port=settings.port,
         handler_cancellation=True,  # a client that leaves cancels its upstream requests

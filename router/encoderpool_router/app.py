@@ -8,6 +8,12 @@ costs its item a remote encode: the consumer encodes it itself. A consumer that
 fails before answering is retried on another one. Handlers run with aiohttp's
 handler cancellation on, so a client that disconnects cancels the upstream
 requests (closing their connections makes vLLM abort them).
+
+Authentication: with ``--auth-token-file`` every route but the probes' needs one
+of the client tokens (``auth.TokenFile``); upstream requests carry the router's own
+key (``--backend-api-key``), never the client's ``Authorization``: producers and
+consumers answer /v1 only to the router. ``/metrics`` is served on a port of its
+own (``metrics_lifespan``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -26,6 +32,7 @@ from aiohttp.abc import AbstractResolver
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from encoderpool_connector.contracts import EC_TRANSFER_PARAMS, Announcement, raw_announcement
+from encoderpool_router.auth import TokenFile
 from encoderpool_router.backends import (
     Backend,
     BackendSet,
@@ -56,6 +63,8 @@ CHAT_PATH = "/v1/chat/completions"
 # can point a consumer at producer memory or at cache entries of its choosing.
 EC_PARAMS = EC_TRANSFER_PARAMS
 _JSON = "application/json"
+# Open without a client token: what the kubelet's probes call.
+PROBE_PATHS = frozenset({"/health", "/livez"})
 
 
 class ClientGone(Exception):
@@ -107,6 +116,15 @@ class Router:
         )
         self._session: aiohttp.ClientSession | None = None
         self._producer_slots = asyncio.Semaphore(settings.max_producer_requests)
+        self.tokens: TokenFile | None = None
+        if settings.auth_token_file is not None:
+            self.tokens = TokenFile(settings.auth_token_file)
+            self.tokens.load()  # ValueError: unreadable or empty, a start-up error
+        # What every upstream request carries: the router's key, never the client's.
+        self._upstream_auth: dict[str, str] = {}
+        if settings.backend_api_key is not None:
+            key = settings.backend_api_key.get_secret_value()
+            self._upstream_auth = {"Authorization": f"Bearer {key}"}
         for role in (self.producers, self.consumers):
             role.listeners.append(self._count_backends)
             self._count_backends(role)
@@ -156,6 +174,26 @@ class Router:
                 kube.close()
 
     # --- handlers -----------------------------------------------------------------
+
+    @web.middleware
+    async def authenticate(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """With client tokens configured, every route but the probes' needs one (else 401)."""
+        if (
+            self.tokens is None
+            or request.path in PROBE_PATHS
+            or self.tokens.accepts(request.headers.get("Authorization"))
+        ):
+            response: web.StreamResponse = await handler(request)
+            return response
+        self.metrics.error("unauthorized")
+        rid = request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+        logger.debug("request %s: %s %s without a valid token", rid, request.method, request.path)
+        response = _error(
+            401, "a valid bearer token is required (Authorization: Bearer <token>)",
+            "authentication_error", rid,
+        )  # fmt: skip
+        response.headers["WWW-Authenticate"] = 'Bearer realm="encoderpool"'
+        return response
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, CHAT_PATH, with_body=True)
@@ -343,7 +381,7 @@ class Router:
             async with self.session.post(
                 producer.url + CHAT_PATH,
                 data=json.dumps(req),
-                headers={"Content-Type": _JSON, REQUEST_ID: rid},
+                headers={"Content-Type": _JSON, REQUEST_ID: rid, **self._upstream_auth},
                 timeout=timeout,
             ) as resp:
                 raw = await resp.read()
@@ -438,7 +476,7 @@ class Router:
             sock_connect=s.consumer_connect_timeout_s,
             sock_read=s.consumer_read_timeout_s,
         )
-        headers = {REQUEST_ID: rid}
+        headers = {REQUEST_ID: rid, **self._upstream_auth}
         start = time.perf_counter()
         consumer.in_flight += 1
         self.metrics.in_flight.labels("consumer").inc()
@@ -517,13 +555,40 @@ class Router:
 
 
 def build_app(router: Router) -> web.Application:
-    """The aiohttp application; run it with ``handler_cancellation=True``."""
-    app = web.Application(client_max_size=router.settings.max_body_bytes)
+    """The API application; run it with ``handler_cancellation=True``. No /metrics here:
+    ``build_metrics_app`` serves them on their own port."""
+    app = web.Application(
+        client_max_size=router.settings.max_body_bytes, middlewares=[router.authenticate]
+    )
     app.cleanup_ctx.append(router.lifespan)
     app.router.add_post(CHAT_PATH, router.chat)
     app.router.add_post("/v1/completions", router.completions)
     app.router.add_get("/v1/models", router.models)
     app.router.add_get("/health", router.health)
     app.router.add_get("/livez", router.live)
+    return app
+
+
+def build_metrics_app(router: Router) -> web.Application:
+    """``/metrics`` alone, for the metrics port."""
+    app = web.Application()
     app.router.add_get("/metrics", router.prometheus)
     return app
+
+
+def metrics_lifespan(
+    router: Router, host: str, port: int
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A cleanup context for the API app that serves ``build_metrics_app`` on ``port``
+    for as long as the API app runs (one process, one event loop, two listeners)."""
+
+    async def serve_metrics(app: web.Application) -> AsyncIterator[None]:
+        runner = web.AppRunner(build_metrics_app(router), access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            yield
+        finally:
+            await runner.cleanup()
+
+    return serve_metrics

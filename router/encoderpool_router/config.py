@@ -11,10 +11,11 @@ import argparse
 import json
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "ENCODERPOOL_ROUTER_"
@@ -33,6 +34,23 @@ class RouterSettings(BaseSettings):
 
     host: str = Field(default="0.0.0.0", description="Address to listen on.")  # noqa: S104
     port: Annotated[int, Field(ge=1, le=65535)] = Field(default=8000, description="Port.")
+    metrics_port: Annotated[int, Field(ge=1, le=65535)] = Field(
+        default=9090,
+        description="Port of /metrics (Prometheus), apart from the API: scrapers never "
+        "need to reach the API, clients never the metrics.",
+    )
+    auth_token_file: Path | None = Field(
+        default=None,
+        description="File of accepted client bearer tokens, one per line (a mounted Secret); "
+        "re-read when it changes. Set: every request but /health and /livez needs "
+        "`Authorization: Bearer <token>`, else 401. Unset: no client authentication.",
+    )
+    backend_api_key: SecretStr | None = Field(
+        default=None,
+        description="Key sent to producers and consumers as `Authorization: Bearer` (their "
+        "vLLM --api-key / VLLM_API_KEY). Prefer the variable to the flag: a flag shows in "
+        "the process list.",
+    )
     producers: UrlList = Field(
         default=(), description="Static producer base URLs (http://host:port), for local runs."
     )
@@ -168,6 +186,14 @@ class RouterSettings(BaseSettings):
             raise ValueError(f"{v!r} is not a namespace name (lowercase DNS-1123 label)")
         return v
 
+    @field_validator("backend_api_key")
+    @classmethod
+    def _key(cls, v: SecretStr | None) -> SecretStr | None:
+        key = None if v is None else v.get_secret_value()
+        if key is not None and (not key or key != key.strip()):
+            raise ValueError("must be a non-empty key without surrounding whitespace")
+        return v
+
     @model_validator(mode="after")
     def _one_source(self) -> RouterSettings:
         static = bool(self.producers or self.consumers)
@@ -186,6 +212,8 @@ class RouterSettings(BaseSettings):
             raise ValueError("--consumers is empty: the router needs at least one consumer")
         if services and (self.producer_service is None or self.consumer_service is None):
             raise ValueError("give both --producer-service and --consumer-service")
+        if self.metrics_port == self.port:
+            raise ValueError(f"--metrics-port and --port are both {self.port}: give two ports")
         return self
 
     @property

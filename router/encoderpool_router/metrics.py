@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Every error kind the router counts; pre-created so dashboards see zeros, not gaps.
 ERROR_KINDS = (
+    "unauthorized",  # no or a wrong client bearer token (--auth-token-file): 401
     "bad_request",  # the client's body is not a JSON object
     "too_many_items",  # more media items than --max-items-per-request / --limit-mm-per-prompt
     "media_url_refused",  # a media URL of another scheme, host or a private address: 400

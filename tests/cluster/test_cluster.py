@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from e2e.cluster import LocalCluster
-from e2e.cluster.kubelet import run_pods
+from e2e.cluster.kubelet import LocalPod, local_env, run_pods, secret_reader
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -187,6 +187,64 @@ def test_the_stand_in_kubelet_reports_the_termination_message(
     state = wait_until(f"pod {run.pod} terminated", terminated)
     assert state["message"] == expected
     assert state["exitCode"] == (0 if exit_code == 0 else 1)  # kwok's two stages
+
+
+# Writes env X and the file its second argument names (in the pod: a Secret volume's).
+_WRITE_SECRETS = (
+    "import os, sys; open(sys.argv[1], 'w').write(os.environ['X'] + '|' + open(sys.argv[2]).read())"
+)
+
+
+def test_the_stand_in_kubelet_hands_secrets_over_as_a_kubelet_does(
+    cluster: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    """secretKeyRef env and secret volumes (the pool's key, the router's client tokens)."""
+    apply(
+        cluster,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "keys"},
+            "stringData": {"k": "value-1", "tokens": "a\nb\n"},
+        },
+        namespace,
+    )
+    out = tmp_path / "out"
+    container: dict[str, Any] = {
+        "name": "c",
+        "command": ["python", "-c", _WRITE_SECRETS],
+        "args": [str(out), "/etc/tokens/list"],
+        "env": [
+            {"name": "X", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "k"}}},
+            {
+                "name": "Y",
+                "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k", "optional": True}},
+            },
+        ],
+        "volumeMounts": [{"name": "t", "mountPath": "/etc/tokens", "readOnly": True}],
+    }
+    pod: dict[str, Any] = {
+        "metadata": {"name": "p", "namespace": namespace},
+        "spec": {
+            "containers": [container],
+            "volumes": [
+                {
+                    "name": "t",
+                    "secret": {"secretName": "keys", "items": [{"key": "tokens", "path": "list"}]},
+                }
+            ],
+        },
+    }
+    local = LocalPod(pod, tmp_path / "p.log", 0, {}, {}, cluster=cluster).start()
+    assert local.proc is not None
+    assert local.proc.wait(60) == 0, (tmp_path / "p.log").read_text()
+    assert out.read_text() == "value-1|a\nb\n"
+    assert "Y" not in local_env(pod, container, secret_reader(cluster))
+    missing = {**container, "env": [
+        {"name": "X", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "other"}}}
+    ]}  # fmt: skip
+    with pytest.raises(RuntimeError, match="CreateContainerConfigError"):
+        local_env(pod, missing, secret_reader(cluster))
 
 
 def test_deleting_an_owner_garbage_collects_what_it_owns(

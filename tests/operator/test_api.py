@@ -289,6 +289,49 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
         "HF_TOKEN is set from hubToken",
     ),
     (
+        "vllm-api-key-in-env",
+        {"spec": {"model": {"env": [{"name": "VLLM_API_KEY", "value": "guessable"}]}}},
+        "spec.model.env",
+        "VLLM_API_KEY and ENCODERPOOL_CHANNEL_KEY are set by the operator",
+    ),
+    (
+        "channel-key-in-env",
+        {"spec": {"model": {"env": [{"name": "ENCODERPOOL_CHANNEL_KEY", "value": "k"}]}}},
+        "spec.model.env",
+        "from the pool's internal Secret",
+    ),
+    (
+        "api-key-flag",
+        {"spec": {"model": {"extraArgs": ["--api-key=guessable"]}}},
+        "spec.model.extraArgs",
+        "--api-key",
+    ),
+    (
+        "router-auth-without-a-router",
+        {
+            "spec": {
+                "router": {
+                    "enabled": False,
+                    "auth": {"bearerTokenSecret": {"name": "clients", "key": "tokens"}},
+                }
+            }
+        },
+        "spec.router",
+        "auth needs the router",
+    ),
+    (
+        "router-auth-token-as-a-literal",
+        {"spec": {"router": {"auth": {"token": "guessable"}}}},
+        "spec.router.auth",
+        "",
+    ),
+    (
+        "router-auth-secret-key",
+        {"spec": {"router": {"auth": {"bearerTokenSecret": {"name": "clients", "key": "a b"}}}}},
+        "spec.router.auth.bearerTokenSecret.key",
+        "",
+    ),
+    (
         "hub-token-as-a-literal",
         {"spec": {"model": {"hubToken": {"value": "hf_literal"}}}},
         "spec.model.hubToken",

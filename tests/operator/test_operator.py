@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
@@ -111,6 +112,46 @@ def test_a_resync_with_nothing_changed_writes_nothing(
     assert before > 0  # the audit log does see this operator's writes
 
 
+def _secret(cluster: LocalCluster, namespace: str) -> dict[str, Any]:
+    return dict(get_json(cluster, "secret", "tiny-internal", "-n", namespace))
+
+
+def test_the_pool_s_internal_secret_is_made_owned_and_kept(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    pool = ready_sample_pool(cluster, namespace)
+    secret = _secret(cluster, namespace)
+    assert secret["type"] == "Opaque"
+    values = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert set(values) == {"vllm-api-key", "channel-key"}
+    assert all(len(v) >= 40 for v in values.values())  # token_urlsafe(32): 43 characters
+    assert values["vllm-api-key"] != values["channel-key"]
+    (owner,) = secret["metadata"]["ownerReferences"]
+    meta = pool["metadata"]
+    assert isinstance(meta, dict)
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("EncoderPool", meta["uid"], True)
+    # A change that rolls the Deployments creates it again: a 409, its keys stay.
+    _patch_pool(cluster, namespace, {"spec": {"producer": {"podAnnotations": {"a": "1"}}}})
+    wait_until(
+        "the producer Deployment to roll",
+        lambda: _generation(cluster, "deployment", "tiny-producer", namespace) > 1,
+    )
+    ready_pool(cluster, namespace)
+    again = _secret(cluster, namespace)
+    assert again["data"] == secret["data"]
+    assert again["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
+    # The operator only ever created it: never read a Secret (not even its own).
+    verbs = [
+        (e["verb"], e["responseStatus"]["code"])
+        for e in cluster.audit_events(namespace=namespace, writes_only=False)
+        if e["objectRef"].get("resource") == "secrets"
+    ]
+    assert verbs[0] == ("create", 201)
+    assert set(verbs[1:]) == {("create", 409)}
+    for value in values.values():
+        assert value not in operator.log_text()
+
+
 def test_scaling_changes_only_replicas(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -184,7 +225,9 @@ def test_a_deleted_pool_leaves_nothing_behind(
 ) -> None:
     ready_sample_pool(cluster, namespace)
     cluster.kubectl("delete", "encoderpool", "tiny", "-n", namespace, "--timeout=60s")
-    kinds = "deployments,services,pvc,configmaps,jobs,serviceaccounts,roles,rolebindings,pods"
+    kinds = (
+        "deployments,services,pvc,configmaps,jobs,serviceaccounts,roles,rolebindings,pods,secrets"
+    )
 
     def empty() -> bool:
         out = cluster.kubectl(

@@ -24,6 +24,7 @@ from encoderpool_operator.reconcile.actions import (
     Action,
     Apply,
     Create,
+    CreateSecret,
     Delete,
     MergePatch,
     PatchStatus,
@@ -188,7 +189,48 @@ def test_a_hand_edited_child_is_applied_again_and_only_it() -> None:
     consumer = live[("apps/v1", "Deployment", "tiny-consumer")]
     consumer["spec"]["template"]["spec"]["containers"][0]["args"][1] = "/models/edited"
     p = plan(snapshot(obj, report_cm=report_cm(report), live=live), DEFAULTS, NOW)
-    assert kinds(p) == ["Apply Deployment/tiny-consumer"]
+    # A pass that writes a Deployment also (re)creates the internal Secret it refers to.
+    assert kinds(p) == [
+        "CreateSecret Secret/tiny-internal (created unless it exists)",
+        "Apply Deployment/tiny-consumer",
+    ]
+
+
+def test_the_first_measured_pass_creates_the_internal_secret_before_any_deployment() -> None:
+    obj = pool_object()
+    report = report_of(obj)
+    p = plan(snapshot(obj, report_cm=report_cm(report)), DEFAULTS, NOW)
+    secrets = [a for a in p.actions if isinstance(a, CreateSecret)]
+    assert len(secrets) == 1
+    (secret,) = secrets
+    first_deployment = next(
+        i for i, a in enumerate(p.actions) if isinstance(a, Apply) and a.obj["kind"] == "Deployment"
+    )
+    assert p.actions.index(secret) == first_deployment - 1
+    assert secret.random_keys == ("vllm-api-key", "channel-key")
+    obj_ = secret.obj
+    assert (obj_["kind"], obj_["type"], obj_["metadata"]["name"]) == (
+        "Secret",
+        "Opaque",
+        "tiny-internal",
+    )
+    (owner,) = obj_["metadata"]["ownerReferences"]
+    assert (owner["uid"], owner["controller"]) == (UID, True)  # garbage-collected with the pool
+    # The plan never holds a value: act makes them when it writes.
+    assert not {"data", "stringData"} & set(obj_)
+
+
+def test_passes_that_write_no_deployment_send_no_secret() -> None:
+    obj = pool_object()
+    assert not any(isinstance(a, CreateSecret) for a in plan(snapshot(obj), DEFAULTS, NOW).actions)
+    settled_obj = settled(obj)
+    report = report_of(settled_obj)
+    pool = EncoderPool.from_object(settled_obj)
+    live = live_children(pool, report)
+    policy = live[("networking.k8s.io/v1", "NetworkPolicy", "tiny-router")]
+    policy["spec"]["policyTypes"] = ["Ingress", "Egress"]  # a hand edit of a non-Deployment
+    p = plan(snapshot(settled_obj, report_cm=report_cm(report), live=live), DEFAULTS, NOW)
+    assert kinds(p) == ["Apply NetworkPolicy/tiny-router"]
 
 
 def test_a_report_of_another_pool_is_adopted_by_a_strategic_merge_of_owners() -> None:
@@ -406,7 +448,8 @@ def test_a_field_removed_from_the_spec_is_a_change(field: str, value: Any) -> No
     after = copy.deepcopy(before)
     del after["spec"]["consumer"][field]
     p = plan(settled_snapshot(after, live_from=before), DEFAULTS, NOW)
-    (apply,) = writes(p)
+    secret, apply = writes(p)
+    assert isinstance(secret, CreateSecret)  # a Deployment write re-creates what it refers to
     assert apply.describe() == "Deployment/tiny-consumer"
     # It is the whole object as now rendered: server-side apply drops what it no longer has.
     assert isinstance(apply, Apply)
@@ -460,6 +503,7 @@ def test_a_transport_switch_leaves_nothing_of_the_old_one() -> None:
     p = plan(settled_snapshot(rdma, live_from=shared), DEFAULTS, NOW)
     described = [a.describe() for a in writes(p)]
     assert described == [
+        "Secret/tiny-internal (created unless it exists)",
         "Deployment/tiny-producer",
         "Deployment/tiny-consumer",
         "Deployment/tiny-router",  # no --reuse-encoded-s without a shared volume

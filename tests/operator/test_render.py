@@ -462,3 +462,89 @@ def test_media_fetching_is_guarded_by_default_and_configurable() -> None:
     settings = parse_settings(container(objs, "pool-router")["args"])
     assert settings.allowed_media_domains == ("images.example.com", "cdn.example.com")
     assert settings.allow_private_media is True
+
+
+def _env(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("valueFrom", e.get("value")) for e in c.get("env", [])}
+
+
+def _internal(key: str) -> dict[str, Any]:
+    return {"secretKeyRef": {"name": "pool-internal", "key": key}}
+
+
+@pytest.mark.parametrize("example", ["pool-shared-volume.yaml", "pool-rdma.yaml"])
+def test_vllm_pods_and_the_router_get_the_pool_s_internal_keys_by_reference(example: str) -> None:
+    pool = load(example)
+    objs = children(pool)
+    for role in ("producer", "consumer"):
+        env = _env(container(objs, f"pool-{role}"))
+        assert env["VLLM_API_KEY"] == _internal("vllm-api-key")  # vLLM guards /v1 with it
+        assert env["ENCODERPOOL_CHANNEL_KEY"] == _internal("channel-key")
+    router = container(objs, "pool-router")
+    # The router holds the same key toward the pods, and nothing else of the Secret.
+    assert _env(router) == {"ENCODERPOOL_ROUTER_BACKEND_API_KEY": _internal("vllm-api-key")}
+    job_env = _env(_width_job(pool)["spec"]["template"]["spec"]["containers"][0])
+    assert not {"VLLM_API_KEY", "ENCODERPOOL_CHANNEL_KEY"} & set(job_env)  # it serves nothing
+    assert "pool-internal" not in json.dumps(objs["Service/pool"])
+    assert render.internal_secret(pool)["metadata"]["name"] == "pool-internal"
+
+
+def test_the_router_serves_metrics_on_a_port_of_its_own_never_on_the_service() -> None:
+    objs = children(load("pool-shared-volume.yaml"))
+    router = container(objs, "pool-router")
+    assert router["ports"] == [
+        {"name": "http", "containerPort": render.HTTP_PORT, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": render.ROUTER_METRICS_PORT, "protocol": "TCP"},
+    ]
+    settings = parse_settings(router["args"])
+    assert (settings.port, settings.metrics_port) == (render.HTTP_PORT, render.ROUTER_METRICS_PORT)
+    assert settings.auth_token_file is None  # no client auth unless asked for
+    # The pool's endpoint (perhaps a LoadBalancer) never carries the metrics port.
+    assert [p["name"] for p in objs["Service/pool"]["spec"]["ports"]] == ["http"]
+
+
+def test_client_auth_mounts_the_token_secret_where_the_router_reads_it() -> None:
+    raw = load("pool-shared-volume.yaml").model_dump(by_alias=True, exclude={"status"})
+    raw["spec"]["router"]["auth"] = {"bearerTokenSecret": {"name": "edge-tokens", "key": "t"}}
+    pool = EncoderPool.from_object(
+        {**raw, "metadata": {"name": "pool", "namespace": "ml", "uid": "u"}}
+    )
+    pod = children(pool)["Deployment/pool-router"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    settings = parse_settings(c["args"])
+    assert settings.auth_token_file is not None
+    (mount,) = c["volumeMounts"]
+    assert mount["readOnly"] is True
+    # A whole-volume mount (no subPath): Kubernetes then updates the file on rotation.
+    assert "subPath" not in mount
+    assert settings.auth_token_file.parent == Path(mount["mountPath"])
+    (volume,) = pod["volumes"]
+    assert volume["name"] == mount["name"]
+    assert volume["secret"]["secretName"] == "edge-tokens"
+    assert volume["secret"]["items"] == [{"key": "t", "path": settings.auth_token_file.name}]
+    for role in ("producer", "consumer"):  # the router alone sees client tokens
+        assert "edge-tokens" not in json.dumps(children(pool)[f"Deployment/pool-{role}"])
+
+
+def test_scrapers_reach_the_router_s_metrics_port_and_clients_only_its_api() -> None:
+    raw = load("pool-shared-volume.yaml").model_dump(by_alias=True, exclude={"status"})
+    raw["spec"]["networkPolicy"] = {
+        "clients": [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}],
+        "metrics": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}],
+    }
+    pool = EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})
+    router = _policies(pool)["pool-router"]
+    assert router["ingress"] == [
+        {
+            "from": [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}],
+            "ports": [{"protocol": "TCP", "port": render.HTTP_PORT}],
+        },
+        {
+            "from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}],
+            "ports": [{"protocol": "TCP", "port": render.ROUTER_METRICS_PORT}],
+        },
+    ]
+    raw["spec"]["networkPolicy"] = {}  # no scrapers named: the metrics port stays shut
+    pool = EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})
+    ports = [p for rule in _policies(pool)["pool-router"]["ingress"] for p in rule["ports"]]
+    assert ports == [{"protocol": "TCP", "port": render.HTTP_PORT}]

@@ -26,6 +26,7 @@ import pytest
 from aiohttp import web
 
 from e2e.vllm_server import REPO, VllmServer, base_env, ec_transfer_config, free_port
+from encoderpool_connector.api_guard import MIDDLEWARE as API_GUARD
 from encoderpool_router.app import Router, build_app
 from encoderpool_router.config import RouterSettings
 from tests.connector.fixtures import LOGGING_CONFIG
@@ -220,6 +221,8 @@ class RouterProcess:
     args: list[str]
     log_path: Path
     port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)  # e.g. the backend key
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -227,7 +230,7 @@ class RouterProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> RouterProcess:
-        env = base_env()
+        env = {**base_env(), **self.env}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -238,6 +241,8 @@ class RouterProcess:
                     "127.0.0.1",
                     "--port",
                     str(self.port),
+                    "--metrics-port",
+                    str(self.metrics_port),
                     *self.args,
                 ],
                 env=env,
@@ -273,7 +278,8 @@ class RouterProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """One sample from the router's /metrics (0 when absent)."""
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+        metrics = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(metrics, timeout=10) as r:
             text = r.read().decode()
         want = name + (
             "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else ""
@@ -284,9 +290,23 @@ class RouterProcess:
         return 0.0
 
 
+# The pool's key toward its vLLM pods, as the operator gives it (VLLM_API_KEY from the
+# pool's internal Secret, plus our guard for the routes vLLM's own check leaves open).
+API_KEY = "test-pool-key-" + "k" * 32
+
+
+def keyed(env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """vLLM args and env of a producer or consumer that answers only with ``API_KEY``."""
+    return ["--middleware", API_GUARD], {**env, "VLLM_API_KEY": API_KEY}
+
+
 @dataclass
 class Epd:
-    """A monolithic reference server, one producer, one consumer and a router in front."""
+    """A monolithic reference server, one producer, one consumer and a router in front.
+
+    Producer and consumer hold ``API_KEY`` (the router sends it); the monolithic
+    server, the tests' reference, holds none.
+    """
 
     mono: VllmServer
     producer: VllmServer
@@ -309,9 +329,11 @@ def epd(
 
     def server(role: str, cpu: str, ec_role: str | None) -> VllmServer:
         args: list[str] = []
+        env = {**base_env(cpu), "VLLM_LOGGING_CONFIG_PATH": str(logging_config)}
         if ec_role is not None:
             args += ["--ec-transfer-config", ec_transfer_config(name, ec_role, extra, module)]
-        env = {**base_env(cpu), "VLLM_LOGGING_CONFIG_PATH": str(logging_config)}
+            guard, env = keyed(env)
+            args += guard
         log = vllm_logs / f"router-{os.getpid()}-{role}.log"
         return VllmServer(name=role, model=tiny_model, log_path=log, args=args, env=env)
 
@@ -330,6 +352,7 @@ def epd(
         router = RouterProcess(
             ["--producers", producer.url, "--consumers", consumer.url, "--log-level", "DEBUG"],
             vllm_logs / f"router-{os.getpid()}-router.log",
+            env={"ENCODERPOOL_ROUTER_BACKEND_API_KEY": API_KEY},
         ).start()
         yield Epd(mono, producer, consumer, router, store)
     finally:

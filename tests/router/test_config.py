@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +61,10 @@ def test_environment_is_read_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> N
         (["--consumers", "http://h:1", "--consumer-retries", "4"], "--consumer-retries"),
         (["--consumers", "http://h:1", "--producer-load-bound", "x"], "--producer-load-bound"),
         (["--consumers", "http://h:1", "--log-level", "LOUD"], "--log-level"),
+        (["--consumers", "http://h:1", "--metrics-port", "8000"],
+         "--metrics-port and --port are both 8000"),
+        (["--consumers", "http://h:1", "--backend-api-key", " k "],
+         "--backend-api-key (ENCODERPOOL_ROUTER_BACKEND_API_KEY): must be a non-empty key"),
     ],
 )  # fmt: skip
 def test_each_bad_value_is_named(argv: list[str], message: str) -> None:
@@ -87,6 +92,34 @@ def test_the_entry_point_exits_2_with_the_message() -> None:
     )
     assert res.returncode == 2
     assert "--consumers (ENCODERPOOL_ROUTER_CONSUMERS): 'nope' is not a base URL" in res.stderr
+
+
+def test_the_backend_key_comes_from_the_environment_and_is_never_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ENCODERPOOL_ROUTER_BACKEND_API_KEY", "s3cret-backend-key")
+    s = parse_settings(["--consumers", "http://h:1"])
+    assert s.backend_api_key is not None
+    assert s.backend_api_key.get_secret_value() == "s3cret-backend-key"
+    assert "s3cret" not in repr(s) + str(s)
+    monkeypatch.setenv("ENCODERPOOL_ROUTER_BACKEND_API_KEY", "")  # an empty Secret key
+    with pytest.raises(ValueError, match="must be a non-empty key") as e:
+        parse_settings(["--consumers", "http://h:1"])
+    assert "s3cret" not in str(e.value)
+
+
+@pytest.mark.parametrize("content", [None, "\n  \n"], ids=["missing", "no-token"])
+def test_an_unusable_token_file_stops_start_up(tmp_path: Path, content: str | None) -> None:
+    tokens = tmp_path / "tokens"
+    if content is not None:
+        tokens.write_text(content)
+    res = subprocess.run(
+        [sys.executable, "-m", "encoderpool_router", "--consumers", "http://127.0.0.1:1",
+         "--auth-token-file", str(tokens)],
+        env=base_env(), cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert f"client token file {tokens}" in res.stderr
 
 
 def test_the_router_imports_neither_torch_nor_vllm() -> None:

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from e2e.media import chat_request, image, media_parts
-from encoderpool_router.app import Router
-from tests.router.fixtures import FakeBackend, fake_mm_hash, fakes, router_at, run
+from encoderpool_router.app import Router, build_metrics_app
+from tests.router.fixtures import FakeBackend, fake_mm_hash, fakes, router_at, run, serve
 from tests.waiting import async_wait_until
 
 
@@ -326,6 +326,11 @@ def test_health_models_and_metrics() -> None:
             async with s.post(url + "/v1/chat/completions", json={"messages": []}) as r:
                 assert r.status == 503
             async with s.get(url + "/metrics") as r:
+                assert r.status == 404  # metrics have a port of their own
+            async with (
+                serve(build_metrics_app(router)) as metrics_url,
+                s.get(metrics_url + "/metrics") as r,
+            ):
                 text = await r.text()
         assert c.seen[0].headers["x-request-id"] == "m1"
         for name in (

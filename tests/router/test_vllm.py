@@ -1,5 +1,7 @@
 """The router in front of real vLLM: a producer and a consumer with our EC connector
-(``fixtures_router.EC_CONNECTOR``), compared with a monolithic server.
+(``fixtures_router.EC_CONNECTOR``), compared with a monolithic server. Producer and
+consumer hold the pool's API key, as the operator deploys them: requests that did not
+come through the router are refused, and the router's own client tokens are checked.
 
 "The consumer did not encode" is read from the servers' DEBUG logs: the model
 runner logs ``Finish execute for mm hash X`` each time a process runs its
@@ -10,16 +12,19 @@ producer, so it comes last.
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.media import chat_request, image, token_ids
+from e2e.media import MODEL, chat_request, image, token_ids
 from e2e.vllm_server import post_json
-from tests.router.fixtures import Epd, encoded_hashes
+from tests.router.fixtures import API_KEY, Epd, RouterProcess, encoded_hashes
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -101,6 +106,85 @@ def test_fifty_concurrent_requests_get_correct_answers(epd: Epd) -> None:
     produced, consumed = probe()
     assert len(produced - produced_before) == 10
     assert consumed == consumed_before
+
+
+def status_of(
+    url: str, body: dict[str, Any] | None = None, token: str | None = None, method: str = "POST"
+) -> int:
+    """The HTTP status of one request (a GET without ``body``), with an optional bearer token."""
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+def test_producers_and_consumers_refuse_requests_that_did_not_come_through_the_router(
+    epd: Epd,
+) -> None:
+    body = chat_request(image(400))
+    expected = token_ids(epd.mono.chat(body))
+    tokenize = {"model": MODEL, "prompt": "hello"}
+    # /invocations (SageMaker's entry point) runs chat completions, and vLLM's own key
+    # check guards only /v1 and a few other prefixes: on a server without the guard it
+    # answers anyone (the monolithic reference server holds no key).
+    assert status_of(epd.mono.url + "/invocations", body) == 200
+    for server in (epd.producer, epd.consumer):
+        for token in (None, "wrong-key", API_KEY + "x", API_KEY[:-1]):
+            for path, req in [
+                ("/v1/chat/completions", body),
+                ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}),
+                ("/invocations", body),
+                ("/tokenize", tokenize),
+            ]:
+                assert status_of(server.url + path, req, token) == 401, (server.name, path)
+            assert status_of(server.url + "/v1/models", token=token, method="GET") == 401
+        # Open, by design: the kubelet's probe and the scrapers (no request data behind them).
+        assert status_of(server.url + "/health", method="GET") == 200
+        assert status_of(server.url + "/metrics", method="GET") == 200
+        assert status_of(server.url + "/v1/models", token=API_KEY, method="GET") == 200
+
+    # The honest path: through the router, which holds the key.
+    got = token_ids(post_json(epd.router.url + "/v1/chat/completions", body))
+    assert got == expected
+    assert API_KEY not in epd.router.log_text()
+
+
+def test_client_tokens_at_the_router_in_front_of_real_vllm(epd: Epd, tmp_path: Path) -> None:
+    one, two = "client-one-" + "1" * 32, "client-two-" + "2" * 32
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{one}\n{two}\n")
+    body = chat_request(image(410))
+    expected = token_ids(epd.mono.chat(body))
+    router = RouterProcess(
+        ["--producers", epd.producer.url, "--consumers", epd.consumer.url,
+         "--auth-token-file", str(tokens), "--log-level", "DEBUG"],
+        tmp_path / "router.log",
+        env={"ENCODERPOOL_ROUTER_BACKEND_API_KEY": API_KEY},
+    )  # fmt: skip
+    chat = router.url + "/v1/chat/completions"
+    try:
+        router.start()  # it waits on /health, which needs no token
+        for token in (None, "wrong", API_KEY):  # the pods' key is not a client token
+            assert status_of(chat, body, token) == 401, token
+        assert status_of(router.url + "/v1/models", token=None, method="GET") == 401
+        for token in (one, two):  # either token: rotation keeps both for a while
+            answer = post_json(chat, body, headers={"Authorization": f"Bearer {token}"})
+            assert token_ids(answer) == expected
+        tokens.write_text(f"{two}\n")  # revoke the first; no restart
+        wait_until("the revoked token to be refused", lambda: status_of(chat, body, one) == 401)
+        assert status_of(chat, body, two) == 200
+        log = router.log_text()
+        assert "client token file" in log  # the change was noticed ...
+        for secret in (one, two, API_KEY):
+            assert secret not in log  # ... and no token was logged
+    finally:
+        router.stop()
 
 
 def test_a_killed_producer_leaves_encoding_to_the_consumer(epd: Epd) -> None:

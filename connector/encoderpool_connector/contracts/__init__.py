@@ -1,4 +1,5 @@
-"""Every format encoderpool's parts share: config, width report, identity, announcement, dtypes.
+"""Every format encoderpool's parts share: config, width report, identity, announcement, dtypes,
+and the names of the per-pool keys pods get (``keys``).
 
 The operator renders ``ConnectorConfig`` and reads ``WidthReport``; the width
 Job writes the report; the connector parses the config; producer, router and
@@ -14,13 +15,13 @@ from encoderpool_connector.contracts.announcement import (
     raw_announcement,
 )
 from encoderpool_connector.contracts.config import (
-    CHANNEL_KEY_ENV,
     ConnectorConfig,
     RdmaSettings,
     SharedVolumeSettings,
 )
 from encoderpool_connector.contracts.dtypes import DTYPE_BYTES, Dtype, dtype_name, payload_bytes
 from encoderpool_connector.contracts.identity import ModelIdentity, identity_from_vllm_config
+from encoderpool_connector.contracts.keys import CHANNEL_KEY_ENV
 from encoderpool_connector.contracts.report import (
     COMPONENT,
     CONFIGMAP_KEY,

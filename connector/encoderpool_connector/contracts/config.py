@@ -16,10 +16,6 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from encoderpool_connector.contracts.base import Frozen
 from encoderpool_connector.contracts.identity import ModelIdentity
 
-# The env var that carries the pool's channel key (the operator renders it from the pool's
-# Secret into producer and consumer pods); the rdma transport signs with it.
-CHANNEL_KEY_ENV = "ENCODERPOOL_CHANNEL_KEY"
-
 # Modality names as vLLM spells them; they are map keys, never paths.
 _MODALITY = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 

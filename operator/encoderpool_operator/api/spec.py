@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
 from encoderpool_connector.contracts import (
+    CHANNEL_KEY_ENV,
     ConnectorConfig,
     ModelIdentity,
     RdmaSettings,
@@ -48,7 +49,7 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 OWNED_FLAGS_PATTERN = (
     r"^(--(model|revision|dtype|served[-_]model[-_]name|tensor[-_]parallel[-_]size"
     r"|limit[-_]mm[-_]per[-_]prompt|ec[-_]transfer[-_]config|host|port"
-    r"|allowed[-_]media[-_]domains|allowed[-_]local[-_]media[-_]path)|-tp)(=.*)?$"
+    r"|allowed[-_]media[-_]domains|allowed[-_]local[-_]media[-_]path|api[-_]key)|-tp)(=.*)?$"
 )
 
 
@@ -145,6 +146,14 @@ class HubToken(ApiModel):
 
 
 HUB_TOKEN_ENV = "HF_TOKEN"  # noqa: S105 (the variable's name; its value comes from a Secret)
+# vLLM's API key (it honours VLLM_API_KEY like --api-key): from the pool's internal Secret.
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
+# Set by the operator from the pool's internal Secret; spec.model.env may not set them.
+RESERVED_ENV = (VLLM_API_KEY_ENV, CHANNEL_KEY_ENV)
+_RESERVED_IN_ENV = (
+    f"{' and '.join(RESERVED_ENV)} are set by the operator from the pool's internal Secret: "
+    "remove them from env"
+)
 _NAME_IN_SOURCE = (
     "with source, name is the model's folder inside the claim: " + _RELATIVE_PATH + ", "
     "e.g. tiny-qwen2vl for /models/<claimName>/tiny-qwen2vl"
@@ -254,22 +263,33 @@ class ModelSpec(ApiModel):
         description="More `vllm serve` arguments for producers and consumers, e.g. "
         "[--max-model-len, '8192']. Flags the operator sets from typed fields "
         "(--model, --revision, --dtype, --served-model-name, --tensor-parallel-size, "
-        "--limit-mm-per-prompt, --ec-transfer-config, --host, --port) are refused.",
+        "--limit-mm-per-prompt, --ec-transfer-config, --host, --port, --api-key) are refused.",
         json_schema_extra=cel_extra(
             cel(
                 f"self.all(a, !a.matches('{OWNED_FLAGS_PATTERN}'))",
                 "must not set --model, --revision, --dtype, "
                 "--served-model-name, --tensor-parallel-size/-tp, --limit-mm-per-prompt, "
-                "--ec-transfer-config, --host or --port: set spec.model, "
-                "spec.producer/consumer.tensorParallelSize or spec.connector instead",
+                "--ec-transfer-config, --host, --port or --api-key: set spec.model, "
+                "spec.producer/consumer.tensorParallelSize or spec.connector instead (the "
+                "API key comes from the pool's internal Secret)",
             )
         ),
     )
     env: tuple[EnvVar, ...] = Field(
         default=(),
         max_length=64,
-        description="Environment variables for the vLLM containers (names unique).",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Environment variables for the vLLM containers (names unique; not "
+        f"{' or '.join(RESERVED_ENV)}).",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            **cel_extra(
+                cel(
+                    "self.all(e, !(e.name in [" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "]))",
+                    _RESERVED_IN_ENV,
+                )
+            ),
+        },
     )
 
     @field_validator("extra_args")
@@ -291,6 +311,8 @@ class ModelSpec(ApiModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"duplicate env names {duplicates}: give each name once")
+        if any(n in RESERVED_ENV for n in names):
+            raise ValueError(_RESERVED_IN_ENV)
         return value
 
     @model_validator(mode="after")
@@ -853,8 +875,27 @@ class NetworkPolicySpec(ApiModel):
     )
 
 
+class RouterAuth(ApiModel):
+    """Who may use the pool's endpoint: clients must send one of these bearer tokens."""
+
+    bearer_token_secret: SecretKeySelector = Field(
+        description="A key of a Secret in the pool's namespace (you make it) holding the "
+        "accepted tokens, one per line: add a line to roll a new token in, remove one to "
+        "revoke it. It is mounted into the router pods, which re-read it when Kubernetes "
+        "updates it; every /v1 request then needs `Authorization: Bearer <token>` (else "
+        "401). The operator never reads it."
+    )
+
+
+_AUTH_NEEDS_ROUTER = "auth needs the router: set enabled to true, or remove auth"
+
+
 class RouterSpec(ApiModel):
     """The pool's OpenAI-compatible endpoint: fans media out to producers, text to consumers."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_extra(cel("!has(self.auth) || self.enabled", _AUTH_NEEDS_ROUTER))
+    )
 
     enabled: bool = Field(
         default=True, description="Run the router; false leaves routing to your own proxy."
@@ -879,6 +920,17 @@ class RouterSpec(ApiModel):
         "one client could then have another's request answered with its own media. Only for "
         "single-tenant pools; off, the router drops them and vLLM hashes the content.",
     )
+    auth: RouterAuth | None = Field(
+        default=None,
+        description="Client authentication: bearer tokens from a Secret. Omit for an open "
+        "endpoint (NetworkPolicy clients still apply).",
+    )
+
+    @model_validator(mode="after")
+    def _auth_needs_router(self) -> RouterSpec:
+        if self.auth is not None and not self.enabled:
+            raise ValueError(_AUTH_NEEDS_ROUTER)
+        return self
 
 
 class WidthJobSpec(ApiModel):

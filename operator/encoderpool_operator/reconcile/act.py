@@ -14,6 +14,7 @@ reads.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
@@ -24,6 +25,7 @@ from encoderpool_operator.reconcile.actions import (
     Action,
     Apply,
     Create,
+    CreateSecret,
     Delete,
     MergePatch,
     PatchStatus,
@@ -40,7 +42,7 @@ def phase(action: Action) -> int:
     match action:
         case Apply(obj=obj) | Create(obj=obj):
             return 1 if obj["kind"] in _WORKLOADS else 0
-        case MergePatch():
+        case MergePatch() | CreateSecret():
             return 0
         case Delete():
             return 2
@@ -56,6 +58,12 @@ def _write(kube: Kube, namespace: str, name: str, action: Action, record: Record
             result = kube.create(obj, exist_ok=True)
             if result is None:
                 return  # someone made it meanwhile: the next pass reads it
+        case CreateSecret(obj=obj, random_keys=keys):
+            # Fresh values for a new Secret; an existing one (409) keeps its own. Never
+            # logged, never cached (the operator cannot read Secrets): nothing recorded.
+            data = {key: secrets.token_urlsafe(32) for key in keys}
+            kube.create({**obj, "stringData": data}, exist_ok=True)
+            return
         case MergePatch(api_version=api_version, kind=kind, name=child, body=body):
             result = kube.patch(api_version, kind, namespace, child, body, action.strategic)
         case Delete(api_version=api_version, kind=kind, name=child):

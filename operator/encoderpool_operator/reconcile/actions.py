@@ -30,6 +30,22 @@ class Create:
 
 
 @dataclass(frozen=True)
+class CreateSecret:
+    """Create Secret ``obj`` holding a fresh random value under each of ``random_keys``;
+    one that exists already is left as it is (a 409: its values stay).
+
+    The values are made by ``act`` when it writes, so a plan (pure, and read by tests
+    and logs) never holds them, and the operator never reads the Secret back.
+    """
+
+    obj: dict[str, Any]
+    random_keys: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"Secret/{self.obj['metadata']['name']} (created unless it exists)"
+
+
+@dataclass(frozen=True)
 class _Named:
     """An existing object, by name, and why it is written (for the log)."""
 
@@ -72,4 +88,4 @@ class PatchStatus:
         return "status"
 
 
-Action: TypeAlias = Apply | Create | MergePatch | Delete | PatchStatus
+Action: TypeAlias = Apply | Create | CreateSecret | MergePatch | Delete | PatchStatus

@@ -5,6 +5,7 @@
     widths (reuse the report, take it from the Job, or measure)
       -> with a report: render the children (pure), apply only those that differ
          (each carries a digest of itself, so a removed field is a difference too),
+         create the pool's internal Secret in a pass that writes a Deployment,
          delete width Jobs of earlier models
     children the pool controls that the spec no longer names -> deleted
     Deployments observed -> conditions -> status, written only when it changed
@@ -32,11 +33,19 @@ from encoderpool_operator.api import (
     READY,
     ROUTER_AVAILABLE,
     ConditionUpdate,
+    EncoderPool,
     EncoderPoolStatus,
     ReplicaStatus,
 )
 from encoderpool_operator.conditions import ready_condition, set_condition
-from encoderpool_operator.reconcile.actions import Action, Apply, Create, Delete, PatchStatus
+from encoderpool_operator.reconcile.actions import (
+    Action,
+    Apply,
+    Create,
+    CreateSecret,
+    Delete,
+    PatchStatus,
+)
 from encoderpool_operator.reconcile.compare import is_subset
 from encoderpool_operator.reconcile.observe import Ref, Snapshot, ref_of
 from encoderpool_operator.reconcile.widths import plan_widths
@@ -159,6 +168,23 @@ def ownership(snap: Snapshot) -> ConditionUpdate:
     )
 
 
+def with_internal_secret(pool: EncoderPool, applies: list[Apply]) -> list[Action]:
+    """``applies``, with the pool's internal Secret created before the first Deployment.
+
+    The operator may not read Secrets (that would be every Secret of the namespace),
+    so it cannot see whether ``<pool>-internal`` exists; it creates it in each pass
+    that writes a Deployment (which is what refers to it): the first pass, every
+    rollout and every spec change. An existing Secret answers 409 and keeps its
+    values. A pass that writes no Deployment sends nothing, so a resync of an
+    unchanged pool still writes nothing at all.
+    """
+    first = next((i for i, a in enumerate(applies) if a.obj["kind"] == "Deployment"), None)
+    if first is None:
+        return list(applies)
+    secret = CreateSecret(render.internal_secret(pool), render.INTERNAL_KEYS)
+    return [*applies[:first], secret, *applies[first:]]
+
+
 def _writes_to(action: Action) -> Ref | None:
     if isinstance(action, (Apply, Create)):
         return ref_of(action.obj)
@@ -181,10 +207,12 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
     }
     report = widths.report
     if report is not None:
-        for child in render.workload_objects(pool, report, defaults):
-            ref = ref_of(child)
-            if ref not in foreign and not is_subset(child, snap.child(ref)):
-                actions.append(Apply(child))
+        applies = [
+            Apply(child)
+            for child in render.workload_objects(pool, report, defaults)
+            if ref_of(child) not in foreign and not is_subset(child, snap.child(ref_of(child)))
+        ]
+        actions += with_internal_secret(pool, applies)
         for job in snap.width_jobs:  # their models are not this pool's any more
             if job["metadata"]["name"] != snap.job_name:
                 actions.append(Delete("batch/v1", "Job", job["metadata"]["name"], "stale model"))
