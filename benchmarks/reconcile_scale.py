@@ -142,7 +142,8 @@ def run(n: int, work: Path) -> dict[str, Any]:
         try:
             time.sleep(5)
             pools = [sample_pool(name=f"pool-{i:04d}") for i in range(n)]
-            children = len(render.child_refs(EncoderPool.from_object(pools[0]))) + 1
+            one = {**pools[0], "metadata": {**pools[0]["metadata"], "uid": "u", "namespace": "n"}}
+            children = len(render.child_refs(EncoderPool.from_object(one))) + 1
             before = len(cluster.audit_events(namespace=NAMESPACE))
             started = time.time()
             items = {"apiVersion": "v1", "kind": "List", "items": pools}

@@ -69,8 +69,8 @@ def _register_cache(api_version: str, kind: str) -> None:
     async def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         meta = body.get("metadata", {})
         pool = meta.get("labels", {}).get(render.LABEL_POOL)
-        if pool:
-            memo.queue.add((meta.get("namespace", ""), pool))
+        if pool:  # coalesced: a rollout is a burst of status changes
+            memo.queue.add_after((meta.get("namespace", ""), pool), _SETTINGS.settle_seconds)
 
     group, version, plural = _resource(api_version, kind)
     kopf.index(group=group, version=version, plural=plural, id=_index_id(api_version, kind))(
@@ -94,17 +94,21 @@ def cache_pools(
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def pool_seen(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    """Mark the pool (any change: spec, labels, or our own status write, a no-op pass)."""
-    meta = event["object"].get("metadata", {})
+    """Mark the pool: at once for a new spec, coalesced for anything else (a status write)."""
+    obj = event["object"]
+    meta = obj.get("metadata", {})
     key = (meta.get("namespace", ""), meta.get("name", ""))
     if event["type"] == "DELETED":
         memo.pools.discard(key)
         memo.queue.forget(key)
         memo.cache.overlay.forget(key)
         METRICS.set_ready(*key, None)
-    else:
-        memo.pools.add(key)
+        return
+    memo.pools.add(key)
+    if meta.get("generation") != (obj.get("status") or {}).get("observedGeneration"):
         memo.queue.add(key)
+    else:
+        memo.queue.add_after(key, _SETTINGS.settle_seconds, "event")
 
 
 @kopf.on.startup()
@@ -227,10 +231,15 @@ def _run(pool: Mapping[str, Any], view: PassView, why: str, memo: kopf.Memo) -> 
     ready = find_condition(outcome.status.conditions, READY)
     METRICS.set_ready(namespace, name, ready.status if ready else "Unknown")
     METRICS.passes.labels(why, "settled" if outcome.requeue_after is None else "waiting").inc()
+    was_ready = any(
+        c.get("type") == READY and c.get("status") == "True"
+        for c in (pool.get("status") or {}).get("conditions", [])
+    )
     for type_, reason, message in outcome.transitions:
         if reason in PROBLEM_REASONS:
             events.post(memo.kube, pool, "Warning", reason, f"{type_}: {message}")
-        elif type_ == READY:  # progress: the pool's readiness only, not every condition
+        elif type_ == READY and was_ready:
+            # Ready is the normal state: leaving it is news, reaching it is in the status.
             events.post(memo.kube, pool, "Normal", reason, f"{type_}: {message}")
     if outcome.applied:
         log.info("%s/%s: applied %s", namespace, name, ", ".join(outcome.applied))

@@ -31,6 +31,14 @@ class OperatorSettings(BaseSettings):
         max_length=253,
         description="Address the metrics server listens on.",
     )
+    settle_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        le=60,
+        description="How long a pool marked by a child's or its own status change waits "
+        "for more changes before its pass (a rollout is a burst of them); a new spec "
+        "goes at once.",
+    )
     workers: int = Field(
         default=8,
         ge=1,
