@@ -44,7 +44,7 @@ prepare:
 # The checks gate the tests: `&&`, and the recipe shell runs with -e -o pipefail.
 test: prepare
 	@$(CHECKS) && V=$$(tools/venv.sh) && export ENCODERPOOL_BIN=$$(e2e/cluster/build.sh) && \
-	  $$V/bin/python -m pytest $(PYTEST_ARGS)
+	  tools/test.sh $$V/bin/python $(PYTEST_ARGS)
 
 # Where Docker can run (installed if missing): kind, the images, the chart, a pool, a request.
 # Elsewhere use demo-local.

@@ -14,6 +14,7 @@ A 112x112 image is 8x8 patches of 14 px, 16 LM tokens after the 2x2 merge.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -228,12 +229,19 @@ def ensure_tiny_model() -> Path:
     out = cache_dir() / "models" / f"tiny-qwen2vl-{digest}"
     if (out / ".complete").exists():
         return out
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    build(tmp)
-    (tmp / ".complete").touch()
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # One builder at a time (make test runs two pytest processes): the second waits,
+    # then finds the model built.
+    with open(out.parent / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / ".complete").exists():
+            return out
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        build(tmp)
+        (tmp / ".complete").touch()
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
     return out
 
 

@@ -100,6 +100,7 @@ async def pool_seen(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     key = (meta.get("namespace", ""), meta.get("name", ""))
     if event["type"] == "DELETED":
         memo.pools.discard(key)
+        memo.status_written.pop(key, None)
         memo.queue.forget(key)
         memo.cache.overlay.forget(key)
         METRICS.set_ready(*key, None)
@@ -155,6 +156,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     memo.queue = WorkQueue(base_delay=1.0, max_delay=ours.max_retry_seconds)
     METRICS.queue = memo.queue
     memo.pools = set()  # (namespace, name) of every pool the watch has seen, for the resync
+    memo.status_written = {}  # (namespace, name) -> when a pass last wrote its status
     memo.writes = ThreadPoolExecutor(ours.write_concurrency, thread_name_prefix="write")
     memo.passes = ThreadPoolExecutor(ours.workers, thread_name_prefix="pass")
     loop = asyncio.get_running_loop()
@@ -214,7 +216,16 @@ def _run(pool: Mapping[str, Any], view: PassView, why: str, memo: kopf.Memo) -> 
     now = datetime.now(timezone.utc)
     started = time.monotonic()
     try:
-        outcome = reconcile(memo.kube, pool, memo.defaults, now, view, memo.writes, view.record)
+        outcome = reconcile(
+            memo.kube,
+            pool,
+            memo.defaults,
+            now,
+            view,
+            memo.writes,
+            view.record,
+            memo.status_written.get(view.pool_key),
+        )
     except ValueError as e:
         status = invalid_status(pool, str(e), now)
         if written := write_status(memo.kube, namespace, name, pool.get("status") or {}, status):
@@ -228,6 +239,8 @@ def _run(pool: Mapping[str, Any], view: PassView, why: str, memo: kopf.Memo) -> 
         raise
     finally:
         METRICS.seconds.observe(time.monotonic() - started)
+    if outcome.wrote_status:
+        memo.status_written[view.pool_key] = now
     ready = find_condition(outcome.status.conditions, READY)
     METRICS.set_ready(namespace, name, ready.status if ready else "Unknown")
     METRICS.passes.labels(why, "settled" if outcome.requeue_after is None else "waiting").inc()

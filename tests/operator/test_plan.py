@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import json
 import re
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from encoderpool_operator.reconcile.actions import (
     PatchStatus,
 )
 from encoderpool_operator.reconcile.observe import Snapshot, ref_of
-from encoderpool_operator.reconcile.plan import Plan, plan
+from encoderpool_operator.reconcile.plan import PROGRESS_SECONDS, Plan, plan
 from encoderpool_operator.reconcile.widths import ANNOTATION_FAILURES, MEASURING_POLL_SECONDS
 from tests.operator.fixtures import report_for
 
@@ -584,3 +585,35 @@ def test_names_fit_at_the_longest_pool_name() -> None:
     assert render.width_job_name(EncoderPool.from_object(pool_object()), "f" * 16) == (
         "tiny-width-ffffffffff"
     )
+
+
+def _rolling(obj: dict[str, Any], available: int, replicas: int = 3) -> Snapshot:
+    """The pool's consumers scaled to ``replicas``, ``available`` of them up so far."""
+    report = report_of(obj)
+    live = live_children(EncoderPool.from_object(obj), report)
+    consumer = live[("apps/v1", "Deployment", "tiny-consumer")]
+    consumer["spec"]["replicas"] = replicas
+    consumer["status"].update(updatedReplicas=replicas, availableReplicas=available)
+    return snapshot(obj, report_cm=report_cm(report), live=live)
+
+
+def test_rollout_progress_is_written_at_most_every_progress_seconds() -> None:
+    obj = settled(pool_object(consumer={"replicas": 3}))
+    first = plan(_rolling(obj, 0), DEFAULTS, NOW)  # Ready turns False: written at once
+    assert any(isinstance(a, PatchStatus) for a in first.actions)
+    assert condition(first, "Ready")[0] == "False"
+    rolling = {**obj, "status": first.status.model_dump(mode="json", by_alias=True)}
+    # One more pod up two seconds later: progress only, held back for the rest of 10 s.
+    snap = replace(_rolling(rolling, 1), status_written_at=NOW)
+    later = plan(snap, DEFAULTS, NOW + timedelta(seconds=2))
+    assert not any(isinstance(a, PatchStatus) for a in later.actions)
+    assert later.requeue_after == PROGRESS_SECONDS - 2
+    # After the interval it is written; and becoming Ready is written at once, always.
+    assert any(
+        isinstance(a, PatchStatus)
+        for a in plan(snap, DEFAULTS, NOW + timedelta(seconds=PROGRESS_SECONDS)).actions
+    )
+    done = replace(_rolling(rolling, 3), status_written_at=NOW)
+    ready = plan(done, DEFAULTS, NOW + timedelta(seconds=1))
+    assert any(isinstance(a, PatchStatus) for a in ready.actions)
+    assert condition(ready, "Ready")[0] == "True"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +26,7 @@ from encoderpool_operator.api import EncoderPoolStatus
 from encoderpool_operator.cache import Reader
 from encoderpool_operator.kube import Kube
 from encoderpool_operator.reconcile.act import Recorder, act, write_status
+from encoderpool_operator.reconcile.actions import PatchStatus
 from encoderpool_operator.reconcile.observe import observe
 from encoderpool_operator.reconcile.plan import invalid_status, plan
 
@@ -42,6 +43,7 @@ class Outcome:
     requeue_after: float | None = None  # a Job to wait for or a back-off; None: events will do
     transitions: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, msg)
     applied: list[str] = field(default_factory=list)  # "Kind/name" of children written
+    wrote_status: bool = False
 
 
 def reconcile(
@@ -52,15 +54,19 @@ def reconcile(
     reader: Reader | None = None,
     executor: Executor | None = None,
     record: Recorder | None = None,
+    status_written_at: datetime | None = None,
 ) -> Outcome:
     """One pass for one pool. Raises ValueError (naming the field) for an invalid spec.
 
     Reads go to ``reader`` (the operator's cache) or else to ``kube``; writes go to
     ``kube``, each phase's at once on ``executor``, their results to ``record``.
     """
-    snap = observe(reader or kube, obj)
+    snap = replace(observe(reader or kube, obj), status_written_at=status_written_at)
     decided = plan(snap, defaults, now)
     for warning in decided.warnings:
         log.warning("%s", warning)
     applied = act(kube, snap.pool.namespace, snap.pool.name, decided.actions, executor, record)
-    return Outcome(decided.status, decided.requeue_after, list(decided.transitions), applied)
+    wrote_status = any(isinstance(a, PatchStatus) for a in decided.actions)
+    return Outcome(
+        decided.status, decided.requeue_after, list(decided.transitions), applied, wrote_status
+    )

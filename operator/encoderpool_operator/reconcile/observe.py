@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from encoderpool_connector.contracts import configmap_name
@@ -43,6 +44,8 @@ class Snapshot:
     live: Mapping[Ref, Mapping[str, Any] | None] = field(default_factory=dict)
     # Every object of render.CHILD_KINDS this pool controls, wanted or not (for pruning).
     owned: Mapping[Ref, Mapping[str, Any]] = field(default_factory=dict)
+    # When this operator last wrote the pool's status (its memory; None: not since start).
+    status_written_at: datetime | None = None
 
     @property
     def job_name(self) -> str:

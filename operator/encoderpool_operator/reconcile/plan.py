@@ -37,7 +37,7 @@ from encoderpool_operator.api import (
     EncoderPoolStatus,
     ReplicaStatus,
 )
-from encoderpool_operator.conditions import ready_condition, set_condition
+from encoderpool_operator.conditions import PROBLEM_REASONS, ready_condition, set_condition
 from encoderpool_operator.reconcile.actions import (
     Action,
     Apply,
@@ -49,6 +49,11 @@ from encoderpool_operator.reconcile.actions import (
 from encoderpool_operator.reconcile.compare import is_subset
 from encoderpool_operator.reconcile.observe import Ref, Snapshot, ref_of
 from encoderpool_operator.reconcile.widths import plan_widths
+
+# How often a pool's rollout progress (replica counts, messages) is written at most:
+# a vLLM pod takes minutes to load its model, so half a minute still shows movement,
+# while a condition flipping or a problem is written at once.
+PROGRESS_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -270,6 +275,39 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
         for c in new_status.conditions
         if old.get(c.type) != (c.status, c.reason)
     )
+    requeue = widths.requeue_after
     if (patch := status_patch(pool.status, new_status)) is not None:
-        actions.append(PatchStatus(patch))
-    return Plan(tuple(actions), new_status, widths.requeue_after, transitions, widths.warnings)
+        hold = progress_hold(pool.status, new_status, snap.status_written_at, now)
+        if hold > 0:  # progress only, written a moment ago: write it later, batched
+            requeue = hold if requeue is None else min(requeue, hold)
+        else:
+            actions.append(PatchStatus(patch))
+    return Plan(tuple(actions), new_status, requeue, transitions, widths.warnings)
+
+
+def _shape(status: EncoderPoolStatus) -> Any:
+    """What a status says apart from progress: whether the pool is Ready, its problems,
+    and what it was rendered from. Replica counts, each role's availability and how far
+    a rollout got are progress (Ready turning True is the end of it)."""
+    ready = next((c.status for c in status.conditions if c.type == READY), None)
+    problems = sorted((c.type, c.reason) for c in status.conditions if c.reason in PROBLEM_REASONS)
+    rest = status.model_dump(exclude={"conditions", "producers", "consumers", "router"})
+    return ready, problems, rest
+
+
+def progress_hold(
+    current: EncoderPoolStatus,
+    new: EncoderPoolStatus,
+    written_at: datetime | None,
+    now: datetime,
+) -> float:
+    """Seconds to hold a status write back (0: write now).
+
+    A rollout moves a pool's replica counts and conditions every second or so; writing
+    each step costs a write per step per pool (hundreds a second at scale). Steps are
+    therefore written at most every PROGRESS_SECONDS; anything else (Ready turning True
+    or False, a problem, a new generation) is written at once.
+    """
+    if written_at is None or _shape(current) != _shape(new):
+        return 0.0
+    return max(0.0, PROGRESS_SECONDS - (now - written_at).total_seconds())
