@@ -35,6 +35,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from e2e.operator_process import OperatorProcess
 from e2e.processes import exit_on_sigterm
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
+from encoderpool_operator.kube import Kube
 from tests.operator.fixtures import report_for, sample_pool, seed_report
 
 NAMESPACE = "scale"
@@ -113,6 +115,20 @@ def category(event: dict[str, Any]) -> str:
     return "children"
 
 
+def create_all(cluster: LocalCluster, pools: list[dict[str, Any]]) -> None:
+    """Create every pool at once, 16 requests in flight (as a GitOps sync would): a
+    serial ``kubectl apply`` of 1,000 objects outlasts its own timeout on a busy box."""
+    from kubernetes import config
+
+    admin = Kube(config.new_client_from_config(config_file=str(cluster.kubeconfig)))
+    with ThreadPoolExecutor(16) as pool:
+        for _ in pool.map(
+            lambda p: admin.create({**p, "metadata": {**p["metadata"], "namespace": NAMESPACE}}),
+            pools,
+        ):
+            pass
+
+
 def wait_quiet(cluster: LocalCluster, seconds: float = 5.0) -> None:
     """Until the operator wrote nothing for ``seconds``."""
     count = len(cluster.audit_events(namespace=NAMESPACE))
@@ -153,8 +169,7 @@ def run(n: int, work: Path) -> dict[str, Any]:
             procs["operator"] = op.proc.pid
             cpu_before = {name: cpu_seconds(pid) for name, pid in procs.items()}
             started = time.time()
-            items = {"apiVersion": "v1", "kind": "List", "items": pools}
-            cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(items))
+            create_all(cluster, pools)
             while (ready := ready_count(cluster)) < n:
                 if time.time() - started > 3600:
                     raise TimeoutError(f"only {ready}/{n} pools Ready after an hour")

@@ -5,7 +5,10 @@ watched namespaces: a pool's own children in full (trimmed) under the pool's key
 and under their name, anyone else's as a stub (name and controller uid) under
 its name only, so a pass tells "missing" from "someone else's" without a GET.
 kopf runs no handler before every index is filled from its first list, so a
-pass never mistakes a cold cache for missing children.
+pass never mistakes a cold cache for missing children. Objects are kept as
+``Packed``: their resourceVersion and compact JSON, about a fifth of the memory
+of the parsed object (RSS is what limits pools per operator); a pass parses the
+few it reads, in its own thread.
 
 The indexes change in kopf's event loop, and passes run in threads; ``PassView``
 does each lookup in the loop (``call_in_loop``), so a thread never iterates an
@@ -19,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from encoderpool_connector.contracts import CONFIGMAP_PREFIX
 from encoderpool_operator import render
@@ -87,9 +91,26 @@ def stub(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any]:
     }
 
 
+class Packed(NamedTuple):
+    """An object in the cache: what lookups need, and its JSON; immutable, shared freely."""
+
+    name: str
+    resource_version: str | None
+    json: bytes
+
+    def unpack(self) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(self.json)
+        return out
+
+
+def pack(obj: Mapping[str, Any]) -> Packed:
+    raw = json.dumps(obj, separators=(",", ":")).encode()
+    return Packed(obj["metadata"]["name"], resource_version(obj), raw)
+
+
 def index_entries(
     obj: Mapping[str, Any], api_version: str, kind: str
-) -> dict[tuple[str, str, str], dict[str, Any]]:
+) -> dict[tuple[str, str, str], Packed]:
     """An object's entries in its kind's index (see the module docstring); width report
     ConfigMaps are kept in full whoever made them."""
     meta = obj["metadata"]
@@ -99,8 +120,8 @@ def index_entries(
     # A width report is read whoever made it (one may be seeded by hand or by GitOps).
     report = kind == "ConfigMap" and name.startswith(CONFIGMAP_PREFIX)
     if not ours and not report:
-        return {(BY_NAME, namespace, name): stub(obj, api_version, kind)}
-    full = trim(obj, api_version, kind)
+        return {(BY_NAME, namespace, name): pack(stub(obj, api_version, kind))}
+    full = pack(trim(obj, api_version, kind))
     entries = {(BY_NAME, namespace, name): full}
     if pool := labels.get(render.LABEL_POOL):
         entries[(BY_POOL, namespace, pool)] = full
@@ -131,21 +152,17 @@ class Overlay:
     """
 
     def __init__(self) -> None:
-        self._pools: dict[PoolKey, dict[Ref, tuple[str | None, Mapping[str, Any] | None]]] = {}
+        self._pools: dict[PoolKey, dict[Ref, tuple[str | None, Packed | None]]] = {}
 
-    def record(
-        self, pool: PoolKey, ref: Ref, before: str | None, after: Mapping[str, Any] | None
-    ) -> None:
+    def record(self, pool: PoolKey, ref: Ref, before: str | None, after: Packed | None) -> None:
         self._pools.setdefault(pool, {})[ref] = (before, after)
 
-    def view(
-        self, pool: PoolKey, ref: Ref, cached: Mapping[str, Any] | None
-    ) -> Mapping[str, Any] | None:
+    def view(self, pool: PoolKey, ref: Ref, cached: Packed | None) -> Packed | None:
         entries = self._pools.get(pool)
         if not entries or ref not in entries:
             return cached
         before, after = entries[ref]
-        if resource_version(cached) == before:
+        if (cached.resource_version if cached else None) == before:
             return after
         del entries[ref]
         return cached
@@ -181,30 +198,25 @@ class Cache:
         self, indexes: Mapping[tuple[str, str], Any], pools: Any, overlay: Overlay | None = None
     ) -> None:
         self.indexes = indexes  # (apiVersion, kind) -> kopf Index of index_entries()
-        self.pools = pools  # kopf Index: (namespace, name) -> the pool, trimmed
+        self.pools = pools  # kopf Index: (namespace, name) -> the pool, packed
         self.overlay = overlay or Overlay()
 
-    def _first(self, index: Any, key: tuple[str, ...]) -> Mapping[str, Any] | None:
+    def _first(self, index: Any, key: tuple[str, ...]) -> Packed | None:
         store = index.get(key)
         return next(iter(store), None) if store else None
 
-    def pool(self, key: PoolKey) -> Mapping[str, Any] | None:
+    def pool(self, key: PoolKey) -> Packed | None:
         ref = (API_VERSION, KIND, key[1])
         return self.overlay.view(key, ref, self._first(self.pools, key))
 
-    def pool_keys(self) -> list[PoolKey]:
-        return sorted(self.pools)
-
-    def get(self, pool: PoolKey, api_version: str, kind: str, name: str) -> Any:
+    def get(self, pool: PoolKey, api_version: str, kind: str, name: str) -> Packed | None:
         cached = self._first(self.indexes[(api_version, kind)], (BY_NAME, pool[0], name))
         return self.overlay.view(pool, (api_version, kind, name), cached)
 
-    def list(self, pool: PoolKey, api_version: str, kind: str) -> list[Mapping[str, Any]]:
+    def list(self, pool: PoolKey, api_version: str, kind: str) -> list[Packed]:
         """The pool's children of one kind, as this operator last wrote or saw them."""
         store = self.indexes[(api_version, kind)].get((BY_POOL, pool[0], pool[1])) or ()
-        seen: dict[Ref, Mapping[str, Any] | None] = {
-            (api_version, kind, o["metadata"]["name"]): o for o in store
-        }
+        seen: dict[Ref, Packed | None] = {(api_version, kind, o.name): o for o in store}
         for ref in self.overlay.pending(pool):
             if ref[:2] == (api_version, kind):
                 seen.setdefault(ref, None)
@@ -222,8 +234,9 @@ class Cache:
 class PassView:
     """One pass's reads for one pool: from the cache (in the loop), else from ``fallback``.
 
-    It remembers the version of everything it served, so ``record`` can file a write
-    in the overlay against what the pass saw.
+    Lookups run in the loop; parsing the JSON runs here, in the pass's thread. It
+    remembers the version of everything it served, so ``record`` can file a write in
+    the overlay against what the pass saw.
     """
 
     def __init__(
@@ -236,19 +249,16 @@ class PassView:
         self.cache, self.loop, self.pool_key, self.fallback = cache, loop, pool, fallback
         self.served: dict[Ref, str | None] = {}
 
-    def _served(self, ref: Ref, obj: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-        self.served[ref] = resource_version(obj)
-        return obj
-
     def get(
         self, api_version: str, kind: str, namespace: str, name: str
     ) -> Mapping[str, Any] | None:
         if namespace != self.pool_key[0] or not self.cache.cached(api_version, kind):
             return self.fallback.get(api_version, kind, namespace, name)
-        obj = call_in_loop(
+        got = call_in_loop(
             self.loop, lambda: self.cache.get(self.pool_key, api_version, kind, name)
         )
-        return self._served((api_version, kind, name), obj)
+        self.served[(api_version, kind, name)] = got.resource_version if got else None
+        return got.unpack() if got else None
 
     def list(
         self, api_version: str, kind: str, namespace: str, label_selector: str = ""
@@ -261,14 +271,18 @@ class PassView:
         ):
             return self.fallback.list(api_version, kind, namespace, label_selector)
         items = call_in_loop(self.loop, lambda: self.cache.list(self.pool_key, api_version, kind))
-        out = [o for o in items if _matches(o, label_selector)]
-        for o in out:
-            self._served((api_version, kind, o["metadata"]["name"]), o)
+        out = []
+        for packed in items:
+            obj = packed.unpack()
+            if _matches(obj, label_selector):
+                self.served[(api_version, kind, packed.name)] = packed.resource_version
+                out.append(obj)
         return out
 
     def record(self, ref: Ref, after: Mapping[str, Any] | None) -> None:
         """File a write of ``ref`` (its result; None: deleted) against what this pass saw."""
         before = self.served.get(ref)
+        packed = pack(trim(after, ref[0], ref[1])) if after is not None else None
         call_in_loop(
-            self.loop, lambda: self.cache.overlay.record(self.pool_key, ref, before, after)
+            self.loop, lambda: self.cache.overlay.record(self.pool_key, ref, before, packed)
         )

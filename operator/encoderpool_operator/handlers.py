@@ -31,7 +31,15 @@ import kopf
 
 from encoderpool_operator import events, render
 from encoderpool_operator.api import API_VERSION, GROUP, KIND, PLURAL, READY, VERSION
-from encoderpool_operator.cache import Cache, PassView, PoolKey, index_entries, trim
+from encoderpool_operator.cache import (
+    Cache,
+    Packed,
+    PassView,
+    PoolKey,
+    index_entries,
+    pack,
+    trim,
+)
 from encoderpool_operator.conditions import PROBLEM_REASONS, find_condition
 from encoderpool_operator.kube import PLURALS, Kube, RateLimiter
 from encoderpool_operator.metrics import OperatorMetrics
@@ -63,7 +71,7 @@ def _resource(api_version: str, kind: str) -> tuple[str, str, str]:
 def _register_cache(api_version: str, kind: str) -> None:
     """One kopf index per cached kind (every object), one mark handler (our children)."""
 
-    def entries(body: kopf.Body, **_: Any) -> dict[tuple[str, str, str], dict[str, Any]]:
+    def entries(body: kopf.Body, **_: Any) -> dict[tuple[str, str, str], Packed]:
         return index_entries(dict(body), api_version, kind)
 
     async def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -88,8 +96,8 @@ for _api_version, _kind in CACHED_KINDS:
 @kopf.index(GROUP, VERSION, PLURAL)
 def cache_pools(
     namespace: str | None, name: str, body: kopf.Body, **_: Any
-) -> dict[PoolKey, dict[str, Any]]:
-    return {(namespace or "", name): trim(dict(body), API_VERSION, KIND)}
+) -> dict[PoolKey, Packed]:
+    return {(namespace or "", name): pack(trim(dict(body), API_VERSION, KIND))}
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -118,11 +126,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     from kubernetes import client, config
 
     ours = _SETTINGS
+    # The name an operator before 0.2 gave its finalizer: kopf removes it from pools,
+    # as no handler here needs one.
     settings.persistence.finalizer = f"{GROUP}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.posting.enabled = False  # passes post their own Events (events.py)
@@ -202,7 +208,8 @@ async def _worker(memo: kopf.Memo) -> None:
 
 async def _pass(key: PoolKey, why: str, memo: kopf.Memo) -> float | None:
     """One pass of pool ``key``; the delay after which to look again, if any."""
-    pool = memo.cache.pool(key)
+    packed = memo.cache.pool(key)
+    pool = packed.unpack() if packed else None
     if pool is None or pool["metadata"].get("deletionTimestamp"):
         METRICS.set_ready(*key, None)
         return None

@@ -6,14 +6,17 @@ import asyncio
 import threading
 from typing import Any
 
+from encoderpool_connector.contracts import CONFIGMAP_PREFIX
 from encoderpool_operator import render
 from encoderpool_operator.cache import (
     BY_NAME,
     BY_POOL,
     Cache,
     Overlay,
+    Packed,
     PassView,
     index_entries,
+    pack,
 )
 
 NS, POOL = "ns", "tiny"
@@ -37,24 +40,36 @@ def obj(name: str, rv: str, labels: dict[str, str] | None = None, **extra: Any) 
 def test_our_children_are_indexed_in_full_by_pool_and_name_others_as_stubs() -> None:
     ours = index_entries(obj("tiny-producer", "5", MINE, spec={"x": 1}), "apps/v1", "Deployment")
     assert set(ours) == {(BY_NAME, NS, "tiny-producer"), (BY_POOL, NS, POOL)}
-    full = ours[(BY_POOL, NS, POOL)]
+    packed = ours[(BY_POOL, NS, POOL)]
+    assert (packed.name, packed.resource_version) == ("tiny-producer", "5")
+    full = packed.unpack()
     assert full["spec"] == {"x": 1}
     assert full["kind"] == "Deployment"
     assert "managedFields" not in full["metadata"]
     other = index_entries(obj("tiny-producer", "6", spec={"big": "x" * 1000}), "v1", "Service")
-    (stub,) = other.values()
+    (theirs,) = other.values()
     assert set(other) == {(BY_NAME, NS, "tiny-producer")}
+    stub = theirs.unpack()
     assert "spec" not in stub  # only existence and the controller are kept
     assert stub["metadata"]["ownerReferences"] == [{"uid": "u1", "controller": True}]
+
+
+def test_a_width_report_is_kept_in_full_whoever_made_it() -> None:
+    name = f"{CONFIGMAP_PREFIX}0123456789abcdef"
+    (entry,) = index_entries(obj(name, "3", data={"report": "{}"}), "v1", "ConfigMap").values()
+    assert entry.unpack()["data"] == {"report": "{}"}
+
+
+def packed(name: str, rv: str) -> Packed:
+    return pack({"metadata": {"name": name, "resourceVersion": rv}})
 
 
 def test_the_overlay_shows_a_write_until_the_cache_moves_on() -> None:
     ov = Overlay()
     ref = ("v1", "Service", "tiny")
-    ov.record((NS, POOL), ref, "5", {"metadata": {"resourceVersion": "6"}})
-    old = {"metadata": {"resourceVersion": "5"}}
-    assert ov.view((NS, POOL), ref, old) == {"metadata": {"resourceVersion": "6"}}
-    new = {"metadata": {"resourceVersion": "6"}}
+    ov.record((NS, POOL), ref, "5", packed("tiny", "6"))
+    assert ov.view((NS, POOL), ref, packed("tiny", "5")) == packed("tiny", "6")
+    new = packed("tiny", "6")
     assert ov.view((NS, POOL), ref, new) is new  # the watch delivered it: entry dropped
     assert len(ov) == 0
     ov.record((NS, POOL), ref, None, new)  # created: shown while the cache has nothing
