@@ -437,40 +437,57 @@ class Pins:
         self.subdir = f"pins/{self.instance}"
         self.dir = os.path.join(store.pins_root, self.instance)  # for messages and tests
         self._fd: int | None = None
+        self._made = False
         self._seq = 0
+        # Verify threads pin concurrently: one fd, reopened under the lock, never closed
+        # while another thread links through it.
+        self._lock = threading.Lock()
 
     def pin(self, name: str) -> str | None:
         """Link the entry under a fresh pin name (returned, relative to ``subdir``); None
         if it is gone or the layout is missing or unsafe (a miss)."""
         assert is_entry_name(name), name
+        with self._lock:
+            return self._pin(name)
+
+    def _pin(self, name: str) -> str | None:
         layout = self.store.layout()
         if layout is None:
             return None  # no producer has prepared this root (or it is unsafe): a miss
-        if self._fd is None:
-            self._fd = open_subdir(layout.pins, self.instance, create=True)
-            self._sweep_stale(layout)
+        fd = self._dir_fd(layout)
+        if fd is None:
+            return None
         self._seq += 1
         pin = f"{name}.{self._seq}"
-        for _ in range(2):
-            try:
-                # follow_symlinks=False: a link planted as an entry is pinned as a link
-                # (and refused by the O_NOFOLLOW open), never as the file it points to.
-                os.link(
-                    name,
-                    pin,
-                    src_dir_fd=layout.entries,
-                    dst_dir_fd=self._fd,
-                    follow_symlinks=False,
-                )
-                return pin
-            except FileNotFoundError:
-                if not self.store.exists(name):
-                    return None  # the entry is gone: a miss
-                # Our directory was swept (or moved away): make it again, once more.
-                os.close(self._fd)
-                self._fd = None
-                self._fd = open_subdir(layout.pins, self.instance, create=True)
-        return None
+        try:
+            # follow_symlinks=False: a link planted as an entry is pinned as a link
+            # (and refused by the O_NOFOLLOW open), never as the file it points to.
+            os.link(name, pin, src_dir_fd=layout.entries, dst_dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None  # the entry is gone: a miss
+        return pin
+
+    def _dir_fd(self, layout: _Layout) -> int | None:
+        """Our pin directory, made again when it was swept, moved or replaced: the worker
+        finds pins by name under ``pins``, so the fd must be what that name is now."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                now = os.stat(self.instance, dir_fd=layout.pins, follow_symlinks=False)
+                held = os.fstat(self._fd)
+                if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                    return self._fd
+            os.close(self._fd)
+            self._fd = None
+        first = not self._made
+        try:
+            self._fd = open_subdir(layout.pins, self.instance, create=True)
+        except UnsafeLayout as e:
+            self.store._refuse(f"pins/{self.instance}: {e.strerror}")
+            return None
+        self._made = True
+        if first:
+            self._sweep_stale(layout)
+        return self._fd
 
     def _sweep_stale(self, layout: _Layout) -> None:
         now = time.time()
@@ -494,12 +511,13 @@ class Pins:
                         os.rmdir(d.name, dir_fd=layout.pins)  # fails unless empty
 
     def drop(self, pin: str) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
+        with self._lock, contextlib.suppress(OSError):
+            if self._fd is not None:
                 os.unlink(pin, dir_fd=self._fd)
 
     def close(self) -> None:
-        fd, self._fd = self._fd, None
+        with self._lock:
+            fd, self._fd = self._fd, None
         if fd is None:
             return
         with contextlib.suppress(OSError), listing(fd) as it:

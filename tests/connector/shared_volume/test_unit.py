@@ -554,3 +554,32 @@ def test_a_keyed_consumer_counts_unsigned_entries_as_unauthenticated(tmp_path: P
     assert sched.stats.data["unauthenticated"] == 1
     assert sched.stats.data["rejected"] == 1
     sched.shutdown()
+
+
+def test_a_moved_pin_directory_is_made_again_and_a_link_in_its_place_is_a_miss(
+    tmp_path: Path,
+) -> None:
+    """The worker finds a pin by name, so a consumer whose pin directory was moved away
+    pins into a new one under its name (hits stay loadable); a link put under that name
+    makes lookups miss, and nothing is linked into the directory it points to."""
+    import shutil
+
+    outside, files = _outside(tmp_path)
+    store = SharedStore(str(tmp_path / "cache"), 1 << 20, "lru")
+    store.prepare_producer()
+    publish(store, "h", os.urandom(64))
+    name = entry_name(FP, "h")
+    pins = Pins(store)
+    assert pins.pin(name) is not None
+    os.rename(pins.dir, pins.dir + ".moved")
+    pin = pins.pin(name)
+    assert pin is not None
+    _, inode = store.verify(pins.subdir, pin, Expect("h", FP))
+    os.close(store.open_verified(pins.subdir, pin, inode))
+    shutil.rmtree(pins.dir)
+    os.symlink(outside, pins.dir)
+    assert pins.pin(name) is None
+    assert "symbolic link" in store.unsafe
+    assert _intact(outside, files)
+    pins.close()
+    assert _intact(outside, files)
