@@ -106,7 +106,7 @@ def open_subdir(parent: int, name: str, *, create: bool = False) -> int:
             if not create:
                 raise
             with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o755, dir_fd=parent)
+                os.mkdir(name, 0o777, dir_fd=parent)  # the umask applies, as with makedirs
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise UnsafeLayout(
@@ -134,7 +134,7 @@ class SharedStore:
         self, root: str, capacity_bytes: int, eviction: str, key: ChannelKey | None = None
     ) -> None:
         self.root = root
-        self.key = key  # the pool's key: entries are signed with it, and must be
+        self.key = key  # the pool's key: signs what this process publishes
         self.capacity_bytes = capacity_bytes
         self.eviction = eviction
         self.entries = os.path.join(root, "entries")
@@ -192,13 +192,6 @@ class SharedStore:
                 self.root,
                 why,
             )
-
-    def close(self) -> None:
-        layout, self._layout = self._layout, None
-        if layout is not None:
-            for fd in (layout.root, layout.entries, layout.tmp, layout.pins):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
 
     # ---- paths: every name below is produced here, never taken from input ----
 
