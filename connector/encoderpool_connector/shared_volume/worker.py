@@ -173,6 +173,10 @@ class SharedVolumeWorker(OnDevice):
         self.stats = writer_stats()
         self._failed: set[str] = set()
         self.writer: BackgroundWriter | None = None
+        if is_consumer:
+            # Resolve the directories now, as the scheduler side does, not at the first
+            # load: a directory swapped in between would fail that load.
+            store.layout()
         if is_producer:
             store.prepare_producer()
             self.writer = BackgroundWriter(
