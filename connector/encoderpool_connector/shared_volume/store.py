@@ -79,6 +79,7 @@ class PublishResult:
     reason: str
     evicted: int = 0
     evicted_bytes: int = 0
+    warned: bool = False  # the store has said why (at most once a minute): no warning per save
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,7 @@ class SharedStore:
             return PublishResult(False, f"entry of {size} bytes exceeds the capacity")
         layout = self.layout(create=True)
         if layout is None:
-            return PublishResult(False, f"the cache layout is unsafe ({self.unsafe})")
+            return PublishResult(False, f"the cache layout is unsafe ({self.unsafe})", warned=True)
         if self._valid_copy_exists(layout, name, header):
             if self.eviction == "lru":
                 with contextlib.suppress(OSError):

@@ -151,7 +151,10 @@ class BackgroundWriter:
             self.stats.add("publish_skipped")
         else:
             self.stats.add("saves_dropped")
-            logger.warning("encoderpool: not publishing %r: %s", item.mm_hash[:80], result.reason)
+            if not result.warned:
+                logger.warning(
+                    "encoderpool: not publishing %r: %s", item.mm_hash[:80], result.reason
+                )
         if result.evicted:
             self.stats.add("evicted", result.evicted)
             self.stats.add("evicted_bytes", result.evicted_bytes)
