@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from encoderpool_connector.shared_volume.entry import Expect, entry_name, verify_file
+from encoderpool_connector.shared_volume.entry import Expect, entry_name
 from encoderpool_connector.shared_volume.metadata import LoadSpec
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
 from encoderpool_connector.shared_volume.worker import (
@@ -114,14 +114,18 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path) -> dict[str, floa
     pins = Pins(store)
     worker = SharedVolumeWorker.__new__(SharedVolumeWorker)
     worker.stats, worker._failed, worker._device = writer_stats(), set(), torch.device("cpu")
+    worker.store = store
     ours_verify, ours_load = [], []
     for h in tensors:
         name = entry_name(FP, h)
         pin = pins.pin(name)
         assert pin is not None
         expect = Expect(h, FP, "bfloat16", shape[0], shape[1])
-        ours_verify.append(timed(lambda pin=pin, expect=expect: verify_file(pin, expect)))
-        spec = LoadSpec(h, pin, True, "bfloat16", shape)
+        ours_verify.append(
+            timed(lambda pin=pin, expect=expect: store.verify(pins.subdir, pin, expect))
+        )
+        inode = store.verify(pins.subdir, pin, expect)[1]
+        spec = LoadSpec(h, pins.subdir, pin, True, "bfloat16", shape, inode)
         out: list[torch.Tensor] = []
         ours_load.append(timed(lambda spec=spec, out=out: out.append(worker._load(spec))))
         assert torch.equal(out[0], tensors[h])

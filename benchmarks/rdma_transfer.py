@@ -14,7 +14,7 @@ memory":
 - nixl: READ into the consumer's registered region + BLAKE3 verify (the
   puller thread, before ``has_cache_item`` says yes) + the worker's copy out
   of the region into a new tensor.
-- shared_volume: ``verify_file`` (read + BLAKE3, before ``has_cache_item``)
+- shared_volume: ``SharedStore.verify`` (read + BLAKE3, before ``has_cache_item``)
   + the worker's read into a new tensor, from the page cache (files just written).
 
 UCX uses what ``UCX_TLS`` allows; this script sets ``tcp,self,sm`` unless it is
@@ -198,7 +198,7 @@ def bench_nixl(items: list[dict[str, Any]], shm_dir: str) -> dict[str, dict[str,
 def bench_shared_volume(n: int, kind: str, shape: tuple[int, int], root: Path) -> dict[str, float]:
     import torch
 
-    from encoderpool_connector.shared_volume.entry import Expect, entry_name, verify_file
+    from encoderpool_connector.shared_volume.entry import Expect, entry_name
     from encoderpool_connector.shared_volume.metadata import LoadSpec
     from encoderpool_connector.shared_volume.store import Pins, SharedStore
     from encoderpool_connector.shared_volume.worker import (
@@ -218,13 +218,14 @@ def bench_shared_volume(n: int, kind: str, shape: tuple[int, int], root: Path) -
     pins = Pins(store)
     worker = SharedVolumeWorker.__new__(SharedVolumeWorker)
     worker.stats, worker._failed, worker._device = writer_stats(), set(), torch.device("cpu")
+    worker.store = store
     total = []
     for h in tensors:
         pin = pins.pin(entry_name(FP, h))
         assert pin is not None
         t0 = time.perf_counter()
-        verify_file(pin, Expect(h, FP, "bfloat16", shape[0], shape[1]))
-        tensor = worker._load(LoadSpec(h, pin, True, "bfloat16", shape))
+        _, inode = store.verify(pins.subdir, pin, Expect(h, FP, "bfloat16", shape[0], shape[1]))
+        tensor = worker._load(LoadSpec(h, pins.subdir, pin, True, "bfloat16", shape, inode))
         total.append(time.perf_counter() - t0)
         assert torch.equal(tensor, tensors[h])
     pins.close()

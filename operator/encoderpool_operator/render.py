@@ -62,7 +62,7 @@ MEASURE_CONTAINER = "measure"
 # reconcile/act.py), never read by it; pods get its keys by secretKeyRef.
 INTERNAL = "internal"
 VLLM_API_KEY_KEY = "vllm-api-key"  # the router's key toward producers and consumers
-CHANNEL_KEY_KEY = "channel-key"  # the rdma side channel's key
+CHANNEL_KEY_KEY = "channel-key"  # the pool key: rdma messages, shared-volume entries
 INTERNAL_KEYS = (VLLM_API_KEY_KEY, CHANNEL_KEY_KEY)
 # The router's copy of VLLM_API_KEY (RouterSettings.backend_api_key).
 ROUTER_BACKEND_KEY_ENV = "ENCODERPOOL_ROUTER_BACKEND_API_KEY"

@@ -5,5 +5,6 @@ its keys through ``valueFrom.secretKeyRef`` under these variable names, so the
 operator that renders them and the code that reads them cannot drift.
 """
 
-# The rdma side channel's per-pool key (producers and consumers).
+# The per-pool key of producers and consumers: signs the rdma transport's messages and
+# the shared volume's entries.
 CHANNEL_KEY_ENV = "ENCODERPOOL_CHANNEL_KEY"

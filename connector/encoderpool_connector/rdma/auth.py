@@ -18,6 +18,8 @@ producer answers, is signed, and checked with ``hmac.compare_digest``:
 
 Each kind signs under its own label, so one never verifies as another. Without the
 env the transport runs unauthenticated and says so at start-up (docs/security.md).
+The shared-volume transport signs its entries with the same key under a label of its
+own (``shared_volume/entry.py``).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata, ECConnectorRole
 
 from encoderpool_connector.connector import RoleRoutingConnector
+from encoderpool_connector.rdma.auth import ChannelKey
 from encoderpool_connector.shared_volume.metadata import SharedVolumeMetadata
 from encoderpool_connector.shared_volume.store import SharedStore
 from encoderpool_connector.startup import measured_widths
@@ -40,7 +41,7 @@ class EncoderPoolSharedVolumeConnector(RoleRoutingConnector):
         assert sv is not None
         logger.info(
             "encoderpool shared-volume connector: role=%s producer=%s consumer=%s root=%s "
-            "capacity=%d eviction=%s fingerprint=%s",
+            "capacity=%d eviction=%s fingerprint=%s signed entries=%s",
             role.name,
             self.is_producer,
             self.is_consumer,
@@ -48,12 +49,15 @@ class EncoderPoolSharedVolumeConnector(RoleRoutingConnector):
             sv.capacity_bytes,
             sv.eviction,
             self.config.model_fingerprint,
+            ChannelKey.from_env() is not None,
         )
 
     def _store(self) -> SharedStore:
         sv = self.config.shared_volume
         assert sv is not None
-        return SharedStore(sv.root, sv.capacity_bytes, sv.eviction)
+        # The pool's key (the rdma transport's channel key): entries are signed with it,
+        # and a consumer with it serves no entry without a valid mac.
+        return SharedStore(sv.root, sv.capacity_bytes, sv.eviction, ChannelKey.from_env())
 
     def _make_scheduler(self, vllm_config: VllmConfig) -> SharedVolumeScheduler:
         from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver

@@ -10,6 +10,12 @@ payload, so a reader can reject a truncated, corrupt or foreign entry before
 the engine trusts it. The payload is the raw tensor bytes, 64-byte aligned so
 it can be read straight into a tensor.
 
+With the pool's key (env ``ENCODERPOOL_CHANNEL_KEY``, the rdma transport's channel key)
+the header also carries ``mac``: HMAC-SHA256 over the other header fields, checksum
+included, so a reader with the key refuses an entry written by anyone without it (any
+other pod that mounts the volume). Without a key, entries are unsigned and a reader
+checks no mac.
+
 File names never contain the ``mm_hash``: a client can set an item's ``uuid``,
 which replaces the hash, so any string may arrive. Names are a digest of
 (fingerprint, mm_hash) and cannot name anything outside the entries directory.
@@ -22,18 +28,22 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import json
 import os
 import stat
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import blake3
 
 from encoderpool_connector.contracts import DTYPE_BYTES, payload_bytes
+from encoderpool_connector.rdma.auth import ChannelKey
 
-FORMAT_VERSION = 1
+# 2: the optional ``mac``. A version-1 entry (an older producer) is a miss.
+FORMAT_VERSION = 2
+MAC_LABEL = "encoderpool/shared-volume/entry/v2"
 MAGIC = b"EPEC"
 SUFFIX = ".epc"
 ALIGN = 64
@@ -55,6 +65,10 @@ class EntryError(Exception):
 
 class EntryMissing(EntryError):
     """The entry is not there (never written, or evicted meanwhile): a plain miss."""
+
+
+class EntryUnauthenticated(EntryError):
+    """The reader holds the pool's key and the entry's mac is missing or wrong."""
 
 
 def entry_name(fingerprint: str, mm_hash: str) -> str:
@@ -89,6 +103,7 @@ class Header:
     shape: tuple[int, ...]
     checksum: str
     version: int = FORMAT_VERSION
+    mac: str = ""
 
     @property
     def width(self) -> int:
@@ -98,20 +113,30 @@ class Header:
     def payload_bytes(self) -> int:
         return payload_bytes(self.dtype, self.shape)
 
+    def fields(self) -> dict[str, Any]:
+        """Everything but the mac: what the mac covers."""
+        return {
+            "version": self.version,
+            "mm_hash": self.mm_hash,
+            "fingerprint": self.fingerprint,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "width": self.width,
+            "payload_bytes": self.payload_bytes,
+            "checksum": self.checksum,
+        }
+
+    def signed(self, key: ChannelKey | None) -> Header:
+        """This header with its mac under ``key`` (unchanged without a key)."""
+        if key is None:
+            return self
+        return replace(self, mac=key.mac(MAC_LABEL, self.fields()))
+
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "version": self.version,
-                "mm_hash": self.mm_hash,
-                "fingerprint": self.fingerprint,
-                "dtype": self.dtype,
-                "shape": list(self.shape),
-                "width": self.width,
-                "payload_bytes": self.payload_bytes,
-                "checksum": self.checksum,
-            },
-            separators=(",", ":"),
-        ).encode()
+        d = self.fields()
+        if self.mac:
+            d["mac"] = self.mac
+        return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> Header:
@@ -127,12 +152,16 @@ class Header:
             shape = tuple(int(x) for x in d["shape"])
             if not shape or any(x < 0 for x in shape):
                 raise EntryError(f"bad shape {shape}")
+            mac = d.get("mac", "")
+            if not isinstance(mac, str) or len(mac) > 128:
+                raise EntryError("malformed mac")
             header = cls(
                 mm_hash=str(d["mm_hash"]),
                 fingerprint=str(d["fingerprint"]),
                 dtype=dtype,
                 shape=shape,
                 checksum=str(d["checksum"]),
+                mac=mac,
             )
             if d.get("width") != header.width or d.get("payload_bytes") != header.payload_bytes:
                 raise EntryError("header width/payload_bytes disagree with its shape")
@@ -192,10 +221,20 @@ class Expect:
     dtype: str | None = None
     num_tokens: int | None = None
     width: int | None = None
+    key: ChannelKey | None = None
+    """The pool's key: the entry's mac must verify under it. None: no mac is checked."""
 
 
 def check_header(header: Header, expect: Expect, file_size: int, offset: int) -> None:
-    """Everything checkable without reading the payload; raises EntryError naming the problem."""
+    """Everything checkable without reading the payload; raises EntryError naming the problem.
+
+    The mac first: nothing else an unauthenticated header says is worth a look."""
+    if expect.key is not None:
+        if not header.mac:
+            raise EntryUnauthenticated("unsigned entry (no mac) and this pool has a key")
+        want = expect.key.mac(MAC_LABEL, header.fields())
+        if not hmac.compare_digest(header.mac.encode(), want.encode()):
+            raise EntryUnauthenticated("bad mac (written without this pool's key, or changed)")
     if header.fingerprint != expect.fingerprint:
         raise EntryError(
             f"written for model fingerprint {header.fingerprint!r}, "
@@ -218,11 +257,12 @@ def check_header(header: Header, expect: Expect, file_size: int, offset: int) ->
         )
 
 
-def open_entry(path: str) -> int:
-    """An fd of the regular file at ``path``; EntryMissing, or EntryError for a link, a
-    directory, a FIFO, a device or a socket (opened without blocking, never followed)."""
+def open_entry(path: str, dir_fd: int | None = None) -> int:
+    """An fd of the regular file at ``path`` (relative to ``dir_fd`` if given); EntryMissing,
+    or EntryError for a link, a directory, a FIFO, a device or a socket (opened without
+    blocking, never followed)."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, _OPEN_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         raise EntryMissing("no such entry") from None
     except OSError as e:
@@ -238,6 +278,14 @@ def verify_file(path: str, expect: Expect) -> Header:
     """Check header and payload checksum of the entry at ``path``; EntryError if anything is off."""
     fd = open_entry(path)
     try:
+        return verify_fd(fd, expect)
+    finally:
+        os.close(fd)
+
+
+def verify_fd(fd: int, expect: Expect) -> Header:
+    """Check header (mac first) and payload checksum of an open entry; EntryError if off."""
+    try:
         header, offset = read_prefix(fd)
         check_header(header, expect, os.fstat(fd).st_size, offset)
         payload = bytearray(header.payload_bytes)
@@ -248,28 +296,31 @@ def verify_file(path: str, expect: Expect) -> Header:
         return header
     except OSError as e:
         raise EntryError(f"read failed: {e.strerror}") from None
+
+
+def read_payload_into(path: str, out: memoryview) -> Header:
+    """Read the payload of the verified entry at ``path`` into ``out``."""
+    fd = open_entry(path)
+    try:
+        return read_payload_fd(fd, out)
     finally:
         os.close(fd)
 
 
-def read_payload_into(path: str, out: memoryview) -> Header:
-    """Read the payload of a verified entry into ``out`` (sized from ``read_header``).
+def read_payload_fd(fd: int, out: memoryview) -> Header:
+    """Read the payload of a verified, open entry into ``out``.
 
     Rechecks only what is free (header, sizes); the checksum was verified when
     the entry was pinned, and pinned files are never written again.
     """
-    fd = open_entry(path)
-    try:
-        header, offset = read_prefix(fd)
-        if os.fstat(fd).st_size != offset + header.payload_bytes:
-            raise EntryError("entry size changed since it was verified")
-        if len(out) != header.payload_bytes:
-            raise EntryError(f"buffer of {len(out)} bytes, payload of {header.payload_bytes}")
-        if _preadinto(fd, out, offset) != len(out):
-            raise EntryError("file ended early")
-        return header
-    finally:
-        os.close(fd)
+    header, offset = read_prefix(fd)
+    if os.fstat(fd).st_size != offset + header.payload_bytes:
+        raise EntryError("entry size changed since it was verified")
+    if len(out) != header.payload_bytes:
+        raise EntryError(f"buffer of {len(out)} bytes, payload of {header.payload_bytes}")
+    if _preadinto(fd, out, offset) != len(out):
+        raise EntryError("file ended early")
+    return header
 
 
 def read_header(path: str) -> Header:

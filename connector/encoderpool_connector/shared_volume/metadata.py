@@ -14,11 +14,19 @@ class LoadSpec:
     """One verified entry the worker loads this step. Filled by the scheduler side."""
 
     mm_hash: str
-    path: str
-    """The pin (a hard link to the verified inode), or the entry if links are unsupported."""
+    subdir: str
+    """``pins/<instance>`` (the pin, a hard link to the verified inode), or ``entries`` if
+    links are unsupported; opened under the root without following links."""
+    name: str
     pinned: bool
     dtype: str
     shape: tuple[int, ...]
+    inode: tuple[int, int]
+    """(st_dev, st_ino) of the verified file: the worker reads only that inode."""
+
+    @property
+    def path(self) -> str:
+        return f"{self.subdir}/{self.name}"
 
 
 @dataclass

@@ -17,7 +17,6 @@ then encodes the item itself.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,10 +33,10 @@ from encoderpool_connector.lookups import LookupScheduler, short
 from encoderpool_connector.shared_volume.entry import (
     EntryError,
     EntryMissing,
+    EntryUnauthenticated,
     Expect,
     Header,
     entry_name,
-    verify_file,
 )
 from encoderpool_connector.shared_volume.metadata import (
     LoadSpec,
@@ -63,6 +62,9 @@ class _Verdict:
     header: Header | None = None
     reason: str = ""
     seconds: float = 0.0
+    subdir: str = ""
+    inode: tuple[int, int] = (0, 0)
+    unauthenticated: bool = False
 
 
 @dataclass
@@ -109,7 +111,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
         self._loads: list[LoadSpec] = []
         self._loading: dict[str, set[str]] = defaultdict(set)
         self.stats = EncoderPoolECStats()
-        if is_consumer and not os.path.isdir(store.entries):
+        if is_consumer and store.layout() is None and not store.unsafe:
             logger.warning(
                 "encoderpool: %s does not exist yet (no producer has written to this root); "
                 "every item is a miss until one does",
@@ -131,6 +133,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
             dtype=self.model_dtype,
             num_tokens=int(request.get_num_encoder_embeds(index)),
             width=self.widths.get(feature.modality),
+            key=self.store.key,
         )
         name = entry_name(self.config.model_fingerprint, mm_hash)
         self.stats.add("lookups")
@@ -200,6 +203,8 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
                 self.stats.add("misses")
                 if verdict.reason != "vanished":
                     self.stats.add("rejected")
+                    if verdict.unauthenticated:
+                        self.stats.add("unauthenticated")
                     logger.warning(
                         "encoderpool: rejected entry for item %s: %s; encoding it here",
                         short(lookup.expect.mm_hash),
@@ -213,6 +218,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
         try:
             pin: str | None
             pinned = self._pin_links
+            subdir = self.pins.subdir
             if pinned:
                 try:
                     pin = self.pins.pin(name)
@@ -224,20 +230,32 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
                         e.strerror,
                     )
                     self._pin_links = pinned = False
-                    pin = self.store.entry_path(name)
-            else:
-                pin = self.store.entry_path(name)
+            if not pinned:
+                pin, subdir = name, "entries"
             if pin is None:
                 return _Verdict(False, reason="vanished", seconds=time.perf_counter() - t0)
             try:
-                header = verify_file(pin, expect)
+                header, inode = self.store.verify(subdir, pin, expect)
             except EntryError as e:
                 if pinned:
-                    Pins.drop(pin)
+                    self.pins.drop(pin)
                 reason = "vanished" if isinstance(e, EntryMissing) else str(e)
-                return _Verdict(False, reason=reason, seconds=time.perf_counter() - t0)
+                return _Verdict(
+                    False,
+                    reason=reason,
+                    unauthenticated=isinstance(e, EntryUnauthenticated),
+                    seconds=time.perf_counter() - t0,
+                )
             self.store.touch(name)
-            return _Verdict(True, pin, pinned, header, seconds=time.perf_counter() - t0)
+            return _Verdict(
+                True,
+                pin,
+                pinned,
+                header,
+                subdir=subdir,
+                inode=inode,
+                seconds=time.perf_counter() - t0,
+            )
         except Exception as e:  # the per-item path never raises
             logger.warning("encoderpool: verifying %s failed: %r", name, e)
             return _Verdict(False, reason=repr(e), seconds=time.perf_counter() - t0)
@@ -254,7 +272,15 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
         assert verdict.header is not None
         assert verdict.pin is not None
         header = verdict.header
-        spec = LoadSpec(mm_hash, verdict.pin, verdict.pinned, header.dtype, header.shape)
+        spec = LoadSpec(
+            mm_hash,
+            verdict.subdir,
+            verdict.pin,
+            verdict.pinned,
+            header.dtype,
+            header.shape,
+            verdict.inode,
+        )
         self._loads.append(spec)
         self._loading[mm_hash].add(request.request_id)
 
@@ -296,7 +322,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
         lookup = self._lookups.pop(mm_hash)
         verdict = lookup.verdict
         if verdict is not None and verdict.ok and verdict.pinned and verdict.pin:
-            Pins.drop(verdict.pin)
+            self.pins.drop(verdict.pin)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

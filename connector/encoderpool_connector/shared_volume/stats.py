@@ -13,6 +13,9 @@ SV_COUNTERS: dict[str, str] = {
     "hits": "Lookups that found a verified entry (the consumer skips its encoder).",
     "misses": "Lookups that found no entry (the consumer encodes the item itself).",
     "rejected": "Entries found but rejected: corrupt, truncated, foreign model, wrong shape.",
+    "unauthenticated": "Entries rejected because this pool has a key (env "
+    "ENCODERPOOL_CHANNEL_KEY) and their mac was missing or wrong: written by someone "
+    "without the key. Also counted in rejected.",
     "waits_timed_out": "Items a producer announced that never appeared in time.",
     "foreign_announcements": "Items announced by a producer of another model (a model "
     "change rolling): a miss at once, never a wait.",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import queue
 import threading
 import time
@@ -26,7 +27,7 @@ from encoderpool_connector.shared_volume.entry import (
     Header,
     checksum,
     entry_name,
-    read_payload_into,
+    read_payload_fd,
 )
 from encoderpool_connector.shared_volume.metadata import (
     LoadSpec,
@@ -34,7 +35,7 @@ from encoderpool_connector.shared_volume.metadata import (
     SharedVolumeWorkerMetadata,
 )
 from encoderpool_connector.shared_volume.stats import EncoderPoolECStats
-from encoderpool_connector.shared_volume.store import Pins, SharedStore
+from encoderpool_connector.shared_volume.store import SharedStore
 from encoderpool_connector.stats import LockedStats
 from encoderpool_connector.tensors import TORCH_DTYPES, OnDevice
 
@@ -150,7 +151,10 @@ class BackgroundWriter:
             self.stats.add("publish_skipped")
         else:
             self.stats.add("saves_dropped")
-            logger.warning("encoderpool: not publishing %r: %s", item.mm_hash[:80], result.reason)
+            if not result.warned:
+                logger.warning(
+                    "encoderpool: not publishing %r: %s", item.mm_hash[:80], result.reason
+                )
         if result.evicted:
             self.stats.add("evicted", result.evicted)
             self.stats.add("evicted_bytes", result.evicted_bytes)
@@ -172,6 +176,10 @@ class SharedVolumeWorker(OnDevice):
         self.stats = writer_stats()
         self._failed: set[str] = set()
         self.writer: BackgroundWriter | None = None
+        if is_consumer:
+            # Resolve the directories now, as the scheduler side does, not at the first
+            # load: a directory swapped in between would fail that load.
+            store.layout()
         if is_producer:
             store.prepare_producer()
             self.writer = BackgroundWriter(
@@ -205,7 +213,7 @@ class SharedVolumeWorker(OnDevice):
         for spec in metadata.loads:
             if spec.mm_hash in encoder_cache:
                 if spec.pinned:
-                    Pins.drop(spec.path)
+                    self.store.unlink(spec.subdir, spec.name)
                 continue
             encoder_cache[spec.mm_hash] = self._load(spec)
 
@@ -217,7 +225,13 @@ class SharedVolumeWorker(OnDevice):
         try:
             nbytes = payload_bytes(spec.dtype, spec.shape)
             buf = torch.empty(nbytes, dtype=torch.uint8)
-            read_payload_into(spec.path, memoryview(buf.numpy()))
+            # Under the root's fds, never through a link, and only the verified inode:
+            # a directory swapped meanwhile cannot hand this worker other bytes.
+            fd = self.store.open_verified(spec.subdir, spec.name, spec.inode)
+            try:
+                read_payload_fd(fd, memoryview(buf.numpy()))
+            finally:
+                os.close(fd)
             tensor = buf.view(dtype).view(spec.shape)
             device = self._target_device()
             if device.type != "cpu":
@@ -239,7 +253,7 @@ class SharedVolumeWorker(OnDevice):
         finally:
             self.stats.add("load_seconds", time.perf_counter() - t0)
             if spec.pinned:
-                Pins.drop(spec.path)
+                self.store.unlink(spec.subdir, spec.name)
 
     # ---- outputs ----
 

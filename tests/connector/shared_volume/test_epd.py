@@ -1,6 +1,10 @@
 """The shared-volume connector on the real engine: a producer and a consumer vLLM (tiny
 Qwen2-VL) against a monolithic server, through the flow a router runs.
 
+Producer and consumer hold the pool's key (env ``ENCODERPOOL_CHANNEL_KEY``), as the
+operator renders them: entries are signed, and forgeries here sign with ``KEY`` when
+they play a key holder.
+
 Servers are shared by the module; every test uses images no other test uses,
 because a consumer's in-memory encoder cache hides entries it has already seen.
 """
@@ -17,6 +21,8 @@ import pytest
 
 from e2e.media import chat_request, encoder_request, image, image_part, token_ids
 from e2e.vllm_server import VllmServer
+from encoderpool_connector.contracts import CHANNEL_KEY_ENV
+from encoderpool_connector.rdma.auth import ChannelKey
 from encoderpool_connector.shared_volume.entry import (
     Header,
     checksum,
@@ -28,6 +34,10 @@ from tests.connector.fixtures import EpFactory, sv_config, tiny_fingerprint
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.vllm
+
+CHANNEL_KEY = "test-shared-volume-pool-key-0123456789"
+KEY = ChannelKey(CHANNEL_KEY.encode())
+OTHER_KEY = ChannelKey(b"another-pool-s-volume-key-0123456789")
 
 
 class Pool:
@@ -82,8 +92,9 @@ def pool(ep_servers: EpFactory, tiny_model: Path, tmp_path_factory: pytest.TempP
     root = base / "volume" / "ec"
     extra = sv_config(root, tiny_fingerprint(tiny_model))
     mono = ep_servers("mono")
-    producer = ep_servers("producer", role="ec_producer", extra=extra)
-    consumer = ep_servers("consumer", role="ec_consumer", extra=extra)
+    keyed = {CHANNEL_KEY_ENV: CHANNEL_KEY}
+    producer = ep_servers("producer", role="ec_producer", extra=extra, env=keyed)
+    consumer = ep_servers("consumer", role="ec_consumer", extra=extra, env=keyed)
     for s in (mono, producer, consumer):
         s.wait_ready(300)
     p = Pool(mono, producer, consumer, root)
@@ -119,7 +130,7 @@ def test_consumer_uses_the_entry_not_its_encoder(pool: Pool) -> None:
     header, offset = parse_prefix(raw)
     payload = raw[offset:]
     forged = Header(hash_b, header.fingerprint, header.dtype, header.shape, checksum(payload))
-    pool.published(hash_b).write_bytes(encode_prefix(forged) + payload)
+    pool.published(hash_b).write_bytes(encode_prefix(forged.signed(KEY)) + payload)
     assert pool.consume(b, params_b) == expected_a
 
 
@@ -138,7 +149,7 @@ def _foreign(path: Path) -> None:
     header, offset = parse_prefix(path.read_bytes())
     payload = path.read_bytes()[offset:]
     other = Header(header.mm_hash, "0123456789abcdef", header.dtype, header.shape, header.checksum)
-    path.write_bytes(encode_prefix(other) + payload)
+    path.write_bytes(encode_prefix(other.signed(KEY)) + payload)  # a key holder's, other model
 
 
 @pytest.mark.parametrize(("spoil", "index"), [(_corrupt, 120), (_truncate, 121), (_foreign, 122)])
@@ -199,3 +210,107 @@ def test_pins_are_released_after_loading(pool: Pool) -> None:
     assert not encoder_ran(pool.consumer, mm_hash)
     pins = pool.root / "pins"
     assert [p for p in _tree(pins) if (pins / p).is_file()] == []
+
+
+# ---- a hostile writer on the volume (issue 13 item 7) ----
+
+
+def _embedding_of(pool: Pool, png: bytes) -> tuple[Header, bytes]:
+    """Another image's published header and payload (what a forger would plant)."""
+    mm_hash, _ = pool.encode(png)
+    raw = pool.published(mm_hash).read_bytes()
+    header, offset = parse_prefix(raw)
+    return header, raw[offset:]
+
+
+@pytest.mark.parametrize(("key", "index"), [(None, 160), (OTHER_KEY, 163)])
+def test_an_entry_planted_without_the_pool_s_key_is_a_miss(
+    pool: Pool, key: ChannelKey | None, index: int
+) -> None:
+    """Any pod that mounts the volume can write there, but only key holders sign: another
+    image's embedding planted under this item's name (valid checksum, no mac or another
+    pool's) is refused; the consumer encodes the item itself and answers as the
+    monolithic server does. The honest item after it is a hit."""
+    png, decoy, honest = image(index), image(index + 1), image(index + 2)
+    expected = token_ids(pool.mono.chat(chat_request(png)))
+    assert token_ids(pool.mono.chat(chat_request(decoy))) != expected  # a served forgery shows
+    unauthenticated = metric(pool.consumer, "encoderpool_ec_unauthenticated_total")
+    decoy_header, decoy_payload = _embedding_of(pool, decoy)
+    mm_hash, params = pool.encode(png)
+    forged = Header(
+        mm_hash,
+        decoy_header.fingerprint,
+        decoy_header.dtype,
+        decoy_header.shape,
+        checksum(decoy_payload),
+    ).signed(key)
+    pool.published(mm_hash).write_bytes(encode_prefix(forged) + decoy_payload)
+    assert pool.consume(png, params) == expected
+    assert encoder_ran(pool.consumer, mm_hash)
+    assert metric(pool.consumer, "encoderpool_ec_unauthenticated_total") == unauthenticated + 1
+    assert ("(no mac)" if key is None else "bad mac") in pool.consumer.log_text()
+
+    expected_honest = token_ids(pool.mono.chat(chat_request(honest)))
+    honest_hash, honest_params = pool.encode(honest)
+    pool.published(honest_hash)
+    assert pool.consume(honest, honest_params) == expected_honest
+    assert not encoder_ran(pool.consumer, honest_hash)
+
+
+def test_the_entries_directory_swapped_for_a_link_redirects_nothing(pool: Pool) -> None:
+    """While both run, a writer moves ``entries`` away and links it to a directory of its
+    own, holding a *validly signed* entry of another image under the next item's name
+    (the mac cannot help: only the directory defence can). Producer and consumer keep
+    the directory they resolved at start: the item is published there and served from
+    there, the answer equals the monolithic server's, and the planted directory is never
+    read, written or cleaned."""
+    png, decoy = image(170), image(171)
+    expected = token_ids(pool.mono.chat(chat_request(png)))
+    decoy_hash, decoy_params = pool.encode(decoy)
+    raw = pool.published(decoy_hash).read_bytes()
+    decoy_header, offset = parse_prefix(raw)
+    decoy_payload = raw[offset:]
+    # The consumer has resolved its directories (both processes) before the swap.
+    decoy_expected = token_ids(pool.mono.chat(chat_request(decoy)))
+    assert decoy_expected != expected  # serving the decoy would show in the answer
+    assert pool.consume(decoy, decoy_params) == decoy_expected
+    outside = pool.root.parent / "planted"
+    outside.mkdir()
+    entries = pool.root / "entries"
+    moved = pool.root / "entries.moved"
+    try:
+        os.rename(entries, moved)
+        os.symlink(outside, entries)
+        # The decoy, signed by a key holder, under the name the next item will have (a
+        # uuid names the item, so the name is known before the producer publishes).
+        mm_hash = "swapped-entries-dir-170"
+        forged = Header(
+            mm_hash,
+            decoy_header.fingerprint,
+            decoy_header.dtype,
+            decoy_header.shape,
+            checksum(decoy_payload),
+        ).signed(KEY)
+        planted = {
+            entry_name(pool.fingerprint, mm_hash): encode_prefix(forged) + decoy_payload,
+            "sentinel": b"not the cache's",
+        }
+        for name, data in planted.items():
+            (outside / name).write_bytes(data)
+        hits = metric(pool.consumer, "encoderpool_ec_hits_total")
+        got_hash, params = pool.encode(png, uuid=mm_hash)
+        assert got_hash == mm_hash
+        wait_until(
+            "published into the directory resolved at start",
+            (moved / entry_name(pool.fingerprint, mm_hash)).is_file,
+            timeout=30,
+        )
+        assert pool.consume(png, params, uuid=mm_hash) == expected
+        assert not encoder_ran(pool.consumer, mm_hash)
+        assert metric(pool.consumer, "encoderpool_ec_hits_total") == hits + 1
+        assert {p.name: p.read_bytes() for p in outside.iterdir()} == planted
+    finally:
+        if entries.is_symlink():
+            entries.unlink()
+        if moved.exists():
+            os.rename(moved, entries)
