@@ -43,6 +43,7 @@ DEFAULT_LOAD_BUFFER_BYTES = 256 << 20
 MIN_POOLED_BYTES = 1 << 20
 # Slot sizes are multiples of a transparent huge page.
 _GRAIN = 2 << 20
+_PAGE = mmap.PAGESIZE
 
 
 @dataclass(eq=False)
@@ -76,7 +77,9 @@ def _allocate(capacity: int, pinned: bool) -> torch.Tensor:
     if hasattr(mmap, "MADV_HUGEPAGE"):
         region.madvise(mmap.MADV_HUGEPAGE)
     memory = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
-    memory.fill_(0)  # the first touch, here rather than on a load
+    # The first touch, here rather than on a load: one write per page (the kernel
+    # zeroes it; with huge pages only one write in 512 faults).
+    memory.numpy()[::_PAGE] = 0
     return memory
 
 
