@@ -220,7 +220,7 @@ def test_small_payloads_and_a_disabled_pool_load_into_fresh_tensors(
 
 
 def test_an_entry_out_of_the_page_cache_loads_the_same_bytes(tmp_path: Path) -> None:
-    """The read takes what is cached without waiting, then reads the rest ahead."""
+    """A load after the page cache dropped the entry (memory pressure) reads the disk."""
     worker, store = make_worker(tmp_path, 64 * MiB)
     shape = (1024, 2048)
     want = put(store, "cold", *shape)
