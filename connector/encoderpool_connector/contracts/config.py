@@ -45,6 +45,14 @@ class SharedVolumeSettings(Frozen):
         default=2,
         description="Threads per consumer that verify entries (checksum) off the engine loop.",
     )
+    load_buffer_bytes: Annotated[int, Field(ge=0, le=1 << 40)] | None = Field(
+        default=None,
+        description="Host memory per consumer worker kept for loads (grown on demand, "
+        "pinned on GPUs; unset: 256 MiB): entries are read into reused, already-touched "
+        "buffers instead of fresh tensors. On CPU a buffer stays lent while vLLM's encoder "
+        "cache holds the item, so size it like that cache; when it is exhausted a load "
+        "allocates (slower, counted as load_buffer_fallbacks). 0 turns the pool off.",
+    )
 
     @field_validator("root")
     @classmethod

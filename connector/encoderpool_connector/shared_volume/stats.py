@@ -23,6 +23,8 @@ SV_COUNTERS: dict[str, str] = {
     "load_failures": "Loads that failed after verification (the request is failed, retryable).",
     "load_bytes": "Payload bytes loaded.",
     "load_seconds": "Seconds the worker spent loading (on the step path).",
+    "load_buffer_fallbacks": "Loads read into a freshly allocated tensor because every "
+    "load buffer was lent out (raise shared_volume.load_buffer_bytes).",
     "verify_seconds": "Seconds spent verifying entries (scheduler side, off the step path).",
     "saves_queued": "Encoder outputs handed to the background writer.",
     "saves_dropped": "Saves dropped because the writer queue was full or the save failed.",

@@ -5,7 +5,10 @@ queue; the writer thread copies, checksums, writes a temp file and publishes
 it. A full queue drops the save (counted) instead of stalling the encoder.
 
 The consumer loads only what the scheduler side verified and pinned, with
-one read straight into the tensor's memory.
+one read straight into a reused, already-touched buffer (``LoadBuffers``):
+on CPU the tensor vLLM keeps is a view of it (the buffer is reused only once
+vLLM dropped every reference), on an accelerator a pinned staging buffer the
+device copy is made from.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 
 from encoderpool_connector.contracts import ConnectorConfig, dtype_name, payload_bytes
+from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES, LoadBuffers
 from encoderpool_connector.shared_volume.entry import (
     EntryError,
     Header,
@@ -175,6 +179,12 @@ class SharedVolumeWorker(OnDevice):
         self.is_consumer = is_consumer
         self.stats = writer_stats()
         self._failed: set[str] = set()
+        # Unset stays out of the rendered config, so connectors without the key still start.
+        self._buffer_limit = (
+            DEFAULT_LOAD_BUFFER_BYTES if sv.load_buffer_bytes is None else sv.load_buffer_bytes
+        )
+        self._buffers: LoadBuffers | None = None  # made on the first load (needs the device)
+        self._fallback_logged = False
         self.writer: BackgroundWriter | None = None
         if is_consumer:
             # Resolve the directories now, as the scheduler side does, not at the first
@@ -224,7 +234,8 @@ class SharedVolumeWorker(OnDevice):
         dtype = TORCH_DTYPES[spec.dtype]
         try:
             nbytes = payload_bytes(spec.dtype, spec.shape)
-            buf = torch.empty(nbytes, dtype=torch.uint8)
+            device = self._target_device()
+            buf = self._buffer(nbytes, device)
             # Under the root's fds, never through a link, and only the verified inode:
             # a directory swapped meanwhile cannot hand this worker other bytes.
             fd = self.store.open_verified(spec.subdir, spec.name, spec.inode)
@@ -233,13 +244,15 @@ class SharedVolumeWorker(OnDevice):
             finally:
                 os.close(fd)
             tensor = buf.view(dtype).view(spec.shape)
-            device = self._target_device()
             if device.type != "cpu":
+                # A synchronous copy: once it returns the staging buffer is free again.
                 tensor = tensor.to(device)
             self.stats.add("loads")
             self.stats.add("load_bytes", nbytes)
             return tensor
         except (EntryError, OSError, RuntimeError, ValueError) as e:
+            # A log record keeps ``e``; its traceback's frames would keep the load buffer lent.
+            e.__traceback__ = None
             logger.error(
                 "encoderpool: loading verified item %r from %s failed (%r); its request "
                 "will be failed and can be retried",
@@ -254,6 +267,24 @@ class SharedVolumeWorker(OnDevice):
             self.stats.add("load_seconds", time.perf_counter() - t0)
             if spec.pinned:
                 self.store.unlink(spec.subdir, spec.name)
+
+    def _buffer(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        """Host memory for one payload: a pooled buffer, else a fresh tensor."""
+        if self._buffers is None:
+            self._buffers = LoadBuffers(self._buffer_limit, pinned=device.type == "cuda")
+        buf = self._buffers.take(nbytes)
+        if buf is not None:
+            return buf
+        if self._buffers.serves(nbytes):
+            self.stats.add("load_buffer_fallbacks")
+            if not self._fallback_logged:
+                self._fallback_logged = True
+                logger.warning(
+                    "encoderpool: all %d bytes of load buffers are in use; loading into fresh "
+                    "memory (slower; raise shared_volume.load_buffer_bytes)",
+                    self._buffers.limit_bytes,
+                )
+        return torch.empty(nbytes, dtype=torch.uint8)
 
     # ---- outputs ----
 
