@@ -267,6 +267,8 @@ class LocalCluster:
             f"--audit-log-path={self.audit_log}",
             "--audit-log-format=json",
             "--audit-log-mode=blocking",
+            # Never rotated (0 means lumberjack's 100 MB): callers index into one file.
+            "--audit-log-maxsize=1000000",
         )  # fmt: skip
         self._wait("kube-apiserver ready", lambda: self._readyz(), timeout)
         self._run(
