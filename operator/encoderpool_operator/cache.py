@@ -245,8 +245,10 @@ class PassView:
         loop: asyncio.AbstractEventLoop,
         pool: PoolKey,
         fallback: Reader,
+        pool_uid: str | None = None,
     ) -> None:
         self.cache, self.loop, self.pool_key, self.fallback = cache, loop, pool, fallback
+        self.pool_uid = pool_uid
         self.served: dict[Ref, str | None] = {}
 
     def get(
@@ -279,10 +281,20 @@ class PassView:
                 out.append(obj)
         return out
 
+    def _own_view(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Of a shared object's owners (the report ConfigMap: one per pool of its model),
+        only this pool's: all a pass reads of them, and the overlay holds one copy per
+        pool until the watch catches up (1,000 owners x 1,000 pools was 100s of MB)."""
+        owners = obj["metadata"].get("ownerReferences") or []
+        if self.pool_uid is None or len(owners) < 2:
+            return obj
+        mine = [o for o in owners if o.get("uid") == self.pool_uid]
+        return {**obj, "metadata": {**obj["metadata"], "ownerReferences": mine}}
+
     def record(self, ref: Ref, after: Mapping[str, Any] | None) -> None:
         """File a write of ``ref`` (its result; None: deleted) against what this pass saw."""
         before = self.served.get(ref)
-        packed = pack(trim(after, ref[0], ref[1])) if after is not None else None
+        packed = pack(self._own_view(trim(after, ref[0], ref[1]))) if after is not None else None
         call_in_loop(
             self.loop, lambda: self.cache.overlay.record(self.pool_key, ref, before, packed)
         )

@@ -218,7 +218,9 @@ async def _pass(key: PoolKey, why: str, memo: kopf.Memo) -> float | None:
     if pool is None or pool["metadata"].get("deletionTimestamp"):
         METRICS.set_ready(*key, None)
         return None
-    view = PassView(memo.cache, asyncio.get_running_loop(), key, memo.kube)
+    view = PassView(
+        memo.cache, asyncio.get_running_loop(), key, memo.kube, pool["metadata"].get("uid")
+    )
     view.served[(API_VERSION, KIND, key[1])] = pool["metadata"].get("resourceVersion")
     return await view.loop.run_in_executor(memo.passes, _run, pool, view, why, memo)
 

@@ -78,6 +78,16 @@ def test_the_overlay_shows_a_write_until_the_cache_moves_on() -> None:
     assert ov.view((NS, POOL), ref, new) is None
 
 
+class NoApi:
+    """The fallback reader of a pass whose reads must all come from the cache."""
+
+    def get(self, *a: Any) -> Any:
+        raise AssertionError(f"read the API: {a}")
+
+    def list(self, *a: Any) -> Any:
+        raise AssertionError(f"listed the API: {a}")
+
+
 class FakeIndex(dict[Any, Any]):
     """kopf's Index: key -> a collection of values."""
 
@@ -95,14 +105,6 @@ def test_a_pass_view_reads_the_cache_in_the_loop_and_records_what_it_wrote() -> 
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-
-        class NoApi:
-            def get(self, *a: Any) -> Any:
-                raise AssertionError(f"read the API: {a}")
-
-            def list(self, *a: Any) -> Any:
-                raise AssertionError(f"listed the API: {a}")
-
         view = PassView(cache, loop, (NS, POOL), NoApi())
         selector = f"{render.LABEL_POOL}={POOL}"
         (dep,) = view.list("apps/v1", "Deployment", NS, selector)
@@ -116,6 +118,28 @@ def test_a_pass_view_reads_the_cache_in_the_loop_and_records_what_it_wrote() -> 
         again = PassView(cache, loop, (NS, POOL), NoApi())
         assert again.get("v1", "Service", NS, "tiny-consumer") is not None
         assert again.list("apps/v1", "Deployment", NS, selector) == []
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+def test_the_overlay_keeps_only_this_pool_s_owner_of_a_shared_object() -> None:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        cache = Cache({("v1", "ConfigMap"): FakeIndex()}, FakeIndex())
+        view = PassView(cache, loop, (NS, POOL), NoApi(), pool_uid="mine")
+        report = obj("encoderpool-widths-0123456789abcdef", "8")
+        report["metadata"]["ownerReferences"] = [{"uid": f"pool-{i}"} for i in range(500)] + [
+            {"uid": "mine"}
+        ]
+        view.record(("v1", "ConfigMap", "encoderpool-widths-0123456789abcdef"), report)
+        again = PassView(cache, loop, (NS, POOL), NoApi(), pool_uid="mine")
+        got = again.get("v1", "ConfigMap", NS, "encoderpool-widths-0123456789abcdef")
+        assert got is not None
+        assert got["metadata"]["ownerReferences"] == [{"uid": "mine"}]
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import socket
-import struct
 import time
 from typing import Any
 
@@ -21,6 +20,7 @@ from e2e.vllm_server import post_json
 from encoderpool_connector.rdma.auth import COORDINATES, META_REPLY, ChannelKey
 from encoderpool_connector.rdma.channel import encode_frame, fetch_peer, meta_request, read_frame
 from tests.connector.rdma.fixtures import CHANNEL_KEY, RdmaPool, metric
+from tests.connector.rdma.slow_loris import slow_loris
 
 KEY = ChannelKey(CHANNEL_KEY.encode())
 OTHER_KEY = ChannelKey(b"another-pool-s-channel-key-012345")
@@ -254,43 +254,19 @@ def test_a_slow_loris_is_cut_at_the_deadline_while_honest_peers_are_served(
     1 s deadline (metadata_timeout_ms), six are refused at once (per-peer cap); meanwhile a
     signed fetch from 127.0.0.1 is served and an item goes producer -> consumer as a hit."""
     pool = rdma_pool
-    conns = [
-        socket.create_connection(
-            ("127.0.0.1", pool.side_channel_port), source_address=("127.0.0.2", 0)
-        )
-        for _ in range(10)
-    ]
-    closed_at: dict[int, float] = {}
-    t0 = time.monotonic()
     served, served_at = None, -1.0
-    try:
-        for s in conns:
-            s.sendall(struct.pack(">I", 4000))
-            s.setblocking(False)
-        while len(closed_at) < len(conns) and time.monotonic() - t0 < 10:
-            for i, s in enumerate(conns):
-                if i in closed_at:
-                    continue
-                try:
-                    s.send(b" ")  # after a header that promises 4000 bytes
-                    if s.recv(4096) == b"":
-                        closed_at[i] = time.monotonic() - t0
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    closed_at[i] = time.monotonic() - t0
-            if served is None and time.monotonic() - t0 > 0.2:
-                served = fetch_peer("127.0.0.1", pool.side_channel_port, 5.0, KEY)
-                served_at = time.monotonic() - t0
-            time.sleep(0.1)
-    finally:
-        for s in conns:
-            s.close()
-    times = sorted(closed_at.values())
+
+    def honest_fetch(elapsed: float) -> None:
+        nonlocal served, served_at
+        if served is None and elapsed > 0.2:
+            served = fetch_peer("127.0.0.1", pool.side_channel_port, 5.0, KEY)
+            served_at = elapsed
+
+    times = slow_loris(pool.side_channel_port, 10, honest_fetch)
     print(f"slow loris: closed at {[round(t, 2) for t in times]} s; served at {served_at:.2f} s")
     assert served is not None
     assert served_at < 1.0  # while the four were held
-    assert len(times) == 10, closed_at
+    assert len(times) == 10, times
     assert sum(t < 0.6 for t in times) == 6, times
     assert all(0.8 < t < 3.0 for t in times[6:]), times
     png = image(385)

@@ -51,6 +51,7 @@ from encoderpool_connector.rdma.channel import (
     read_frame,
     valid_host,
 )
+from tests.connector.rdma.slow_loris import slow_loris
 
 FP = "0123456789abcdef"
 
@@ -588,35 +589,12 @@ def test_a_dribbling_producer_is_cut_at_the_fetch_deadline() -> None:
 def test_slow_loris_is_cut_at_the_deadline_and_capped_per_peer(keyed: SideChannelServer) -> None:
     """From 127.0.0.2, ten connections sending a byte every 0.1 s: four are held until the
     0.5 s deadline (not one byte later), six are closed at once; 127.0.0.1 is served."""
-    conns = [
-        socket.create_connection(("127.0.0.1", keyed.port), source_address=("127.0.0.2", 0))
-        for _ in range(10)
-    ]
-    closed_at: dict[int, float] = {}
-    t0 = time.monotonic()
-    try:
-        for s in conns:
-            s.sendall(struct.pack(">I", 4000))
-            s.setblocking(False)
-        while len(closed_at) < len(conns) and time.monotonic() - t0 < 3:
-            for i, s in enumerate(conns):
-                if i in closed_at:
-                    continue
-                try:
-                    s.send(b" ")  # after a header that promises 4000 bytes
-                    if s.recv(4096) == b"":
-                        closed_at[i] = time.monotonic() - t0
-                except BlockingIOError:
-                    pass
-                except OSError:
-                    closed_at[i] = time.monotonic() - t0
-            if 0.2 < time.monotonic() - t0 < 0.35:  # while the four are held
-                assert fetch_peer("127.0.0.1", keyed.port, 2.0, KEY).agent == "ep-p-1-abc"
-            time.sleep(0.1)
-    finally:
-        for s in conns:
-            s.close()
-    times = sorted(closed_at.values())
-    assert len(times) == 10, closed_at
+
+    def honest_fetch(elapsed: float) -> None:
+        if 0.2 < elapsed < 0.35:  # while the four are held
+            assert fetch_peer("127.0.0.1", keyed.port, 2.0, KEY).agent == "ep-p-1-abc"
+
+    times = slow_loris(keyed.port, 3, honest_fetch)
+    assert len(times) == 10, times
     assert sum(t < 0.3 for t in times) == 6, times  # over the per-peer cap: at once
     assert all(0.4 < t < 1.0 for t in times[6:]), times  # the capped four: at the deadline

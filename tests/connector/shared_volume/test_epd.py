@@ -223,6 +223,12 @@ def _embedding_of(pool: Pool, png: bytes) -> tuple[Header, bytes]:
     return header, raw[offset:]
 
 
+def _forged(mm_hash: str, decoy: Header, payload: bytes, key: ChannelKey | None) -> bytes:
+    """An entry for ``mm_hash`` holding another image's embedding (signed with ``key``)."""
+    header = Header(mm_hash, decoy.fingerprint, decoy.dtype, decoy.shape, checksum(payload))
+    return encode_prefix(header.signed(key)) + payload
+
+
 @pytest.mark.parametrize(("key", "index"), [(None, 160), (OTHER_KEY, 163)])
 def test_an_entry_planted_without_the_pool_s_key_is_a_miss(
     pool: Pool, key: ChannelKey | None, index: int
@@ -237,14 +243,7 @@ def test_an_entry_planted_without_the_pool_s_key_is_a_miss(
     unauthenticated = metric(pool.consumer, "encoderpool_ec_unauthenticated_total")
     decoy_header, decoy_payload = _embedding_of(pool, decoy)
     mm_hash, params = pool.encode(png)
-    forged = Header(
-        mm_hash,
-        decoy_header.fingerprint,
-        decoy_header.dtype,
-        decoy_header.shape,
-        checksum(decoy_payload),
-    ).signed(key)
-    pool.published(mm_hash).write_bytes(encode_prefix(forged) + decoy_payload)
+    pool.published(mm_hash).write_bytes(_forged(mm_hash, decoy_header, decoy_payload, key))
     assert pool.consume(png, params) == expected
     assert encoder_ran(pool.consumer, mm_hash)
     assert metric(pool.consumer, "encoderpool_ec_unauthenticated_total") == unauthenticated + 1
@@ -284,15 +283,10 @@ def test_the_entries_directory_swapped_for_a_link_redirects_nothing(pool: Pool) 
         # The decoy, signed by a key holder, under the name the next item will have (a
         # uuid names the item, so the name is known before the producer publishes).
         mm_hash = "swapped-entries-dir-170"
-        forged = Header(
-            mm_hash,
-            decoy_header.fingerprint,
-            decoy_header.dtype,
-            decoy_header.shape,
-            checksum(decoy_payload),
-        ).signed(KEY)
         planted = {
-            entry_name(pool.fingerprint, mm_hash): encode_prefix(forged) + decoy_payload,
+            entry_name(pool.fingerprint, mm_hash): _forged(
+                mm_hash, decoy_header, decoy_payload, KEY
+            ),
             "sentinel": b"not the cache's",
         }
         for name, data in planted.items():
