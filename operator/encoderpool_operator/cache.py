@@ -116,7 +116,7 @@ def index_entries(
     meta = obj["metadata"]
     labels = meta.get("labels") or {}
     namespace, name = meta.get("namespace", ""), meta["name"]
-    ours = labels.get("app.kubernetes.io/managed-by") == render.MANAGED_BY
+    ours = labels.get(render.LABEL_MANAGED_BY) == render.MANAGED_BY
     # A width report is read whoever made it (one may be seeded by hand or by GitOps).
     report = kind == "ConfigMap" and name.startswith(CONFIGMAP_PREFIX)
     if not ours and not report:

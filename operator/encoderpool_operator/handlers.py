@@ -50,7 +50,7 @@ from encoderpool_operator.workqueue import WorkQueue
 log = logging.getLogger("encoderpool_operator")
 _SETTINGS = OperatorSettings()  # read once, at start-up
 METRICS = OperatorMetrics()
-_CHILD_LABELS = {"app.kubernetes.io/managed-by": render.MANAGED_BY}
+_CHILD_LABELS = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
 # What a pass reads, cached: the pool's children, its width Jobs, the report ConfigMaps.
 CACHED_KINDS: tuple[tuple[str, str], ...] = (
     *render.CHILD_KINDS,
@@ -221,7 +221,7 @@ async def _pass(key: PoolKey, why: str, memo: kopf.Memo) -> float | None:
     view = PassView(
         memo.cache, asyncio.get_running_loop(), key, memo.kube, pool["metadata"].get("uid")
     )
-    view.served[(API_VERSION, KIND, key[1])] = pool["metadata"].get("resourceVersion")
+    view.served[(API_VERSION, KIND, key[1])] = packed.resource_version
     return await view.loop.run_in_executor(memo.passes, _run, pool, view, why, memo)
 
 

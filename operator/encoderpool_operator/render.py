@@ -56,6 +56,7 @@ ANNOTATION_DIGEST = "encoderpool.io/spec-digest"
 # a Job's name is also a label value on its pods).
 MAX_CHILD_NAME = 63
 MANAGED_BY = "encoderpool-operator"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 PRODUCER, CONSUMER, ROUTER, WIDTH_JOB = "producer", "consumer", "router", "width-job"
 MEASURE_CONTAINER = "measure"
 # The per-pool Secret <pool>-internal: made by the operator (random values, see
@@ -97,7 +98,7 @@ def selector_labels(pool: EncoderPool, component: str) -> dict[str, str]:
 def labels(pool: EncoderPool, component: str) -> dict[str, str]:
     return {
         **selector_labels(pool, component),
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_MANAGED_BY: MANAGED_BY,
         "app.kubernetes.io/part-of": "encoderpool",
         LABEL_POOL: pool.name,
     }
@@ -730,7 +731,7 @@ def width_report_configmap(
             "labels": {
                 "app.kubernetes.io/name": "encoderpool",
                 LABEL_COMPONENT: "width-report",
-                "app.kubernetes.io/managed-by": MANAGED_BY,
+                LABEL_MANAGED_BY: MANAGED_BY,
                 LABEL_FINGERPRINT: fingerprint,
             },
             "ownerReferences": [report_owner_reference(pool)],

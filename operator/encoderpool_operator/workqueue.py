@@ -85,7 +85,3 @@ class WorkQueue:
     def __len__(self) -> int:
         """Keys waiting (not the ones being passed, nor timers)."""
         return self._queue.qsize()
-
-    @property
-    def active(self) -> int:
-        return len(self._active)
