@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
 from collections.abc import Mapping
@@ -43,6 +44,7 @@ from encoderpool_operator.cache import (
 from encoderpool_operator.conditions import PROBLEM_REASONS, find_condition
 from encoderpool_operator.kube import PLURALS, Kube, RateLimiter
 from encoderpool_operator.metrics import OperatorMetrics
+from encoderpool_operator.peering import Standby
 from encoderpool_operator.reconcile import invalid_status, reconcile, write_status
 from encoderpool_operator.settings import OperatorSettings
 from encoderpool_operator.workqueue import WorkQueue
@@ -173,6 +175,25 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     loop = asyncio.get_running_loop()
     memo.tasks = [loop.create_task(_worker(memo)) for _ in range(ours.workers)]
     memo.tasks.append(loop.create_task(_resync(memo)))
+    memo.standby = None
+    if not settings.peering.standalone:
+        memo.standby = Standby(
+            memo.kube,
+            name=settings.peering.name,
+            namespace=None if settings.peering.clusterwide else _peering_namespace(),
+            identity=os.environ.get("POD_ID"),  # kopf's identity in a pod
+            priority=settings.peering.priority,
+            interval=ours.peering_check_seconds,
+        )
+        memo.tasks.append(loop.create_task(memo.standby.run()))
+
+
+def _peering_namespace() -> str:
+    """The namespace of a namespaced operator's KopfPeering: the setting, else the pod's."""
+    if _SETTINGS.peering_namespace:
+        return _SETTINGS.peering_namespace
+    with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+        return f.read().strip()
 
 
 @kopf.on.cleanup()
@@ -188,9 +209,18 @@ async def _resync(memo: kopf.Memo) -> None:
     """Every ``resync_seconds``, mark every pool: drift, missed events, back-offs."""
     while True:
         await asyncio.sleep(_SETTINGS.resync_seconds)
+        if _standby(memo):
+            log.info("resync: standby, %d pools left to the active replica", len(memo.pools))
+            continue
         for key in sorted(memo.pools):
             memo.queue.add(key, "resync")
         log.info("resync: %d pools marked", len(memo.pools))
+
+
+def _standby(memo: kopf.Memo) -> bool:
+    """A peer outranks this replica: kopf paused its watches, our loops pause too."""
+    standby: Standby | None = memo.get("standby")
+    return standby is not None and standby.paused
 
 
 async def _worker(memo: kopf.Memo) -> None:
@@ -213,6 +243,10 @@ async def _worker(memo: kopf.Memo) -> None:
 
 async def _pass(key: PoolKey, why: str, memo: kopf.Memo) -> float | None:
     """One pass of pool ``key``; the delay after which to look again, if any."""
+    if _standby(memo):
+        # kopf paused our watches, so the cache is stale; once resumed, its fresh
+        # listing marks every pool again.
+        return None
     packed = memo.cache.pool(key)
     pool = packed.unpack() if packed else None
     if pool is None or pool["metadata"].get("deletionTimestamp"):

@@ -67,6 +67,19 @@ class OperatorSettings(BaseSettings):
     max_retry_seconds: float = Field(
         default=300.0, ge=1, le=3600, description="Longest back-off after failed passes."
     )
+    peering_check_seconds: float = Field(
+        default=5.0,
+        ge=1,
+        le=60,
+        description="How often a replica reads kopf's peering object to learn whether it "
+        "is the active one (a standby runs no passes).",
+    )
+    peering_namespace: str | None = Field(
+        default=None,
+        max_length=63,
+        description="Namespace of the KopfPeering of a namespaced operator (the chart sets "
+        "the release namespace); unset: the pod's own namespace.",
+    )
     kubeconfig: str | None = Field(
         default=None, description="Kubeconfig for running outside a cluster; in-cluster if unset."
     )

@@ -85,7 +85,11 @@ class Replica:
 
 
 def start_replica(
-    container: dict[str, Any], pod_id: str, kubeconfig: Path, workdir: Path
+    container: dict[str, Any],
+    pod_id: str,
+    kubeconfig: Path,
+    workdir: Path,
+    extra_args: tuple[str, ...] = (),
 ) -> Replica:
     """The container's command, args and env, locally: only the listen addresses differ."""
     port, metrics_port = _free_port(), _free_port()
@@ -93,7 +97,7 @@ def start_replica(
     args = [
         f"--liveness=http://127.0.0.1:{port}/healthz" if a.startswith("--liveness=") else a
         for a in container["args"]
-    ]
+    ] + list(extra_args)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     for item in container["env"]:
         if "value" in item:
@@ -123,6 +127,11 @@ def start_replica(
             start_new_session=True,
         )
     return Replica(pod_id, proc, log, port, metrics_port)
+
+
+def said(replica: Replica, line: str) -> bool:
+    """The replica logged ``line``."""
+    return line in replica.text()
 
 
 def working(replica: Replica) -> bool:
@@ -349,3 +358,57 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
         assert {e["objectRef"].get("namespace") for e in events if e.get("objectRef")} == {
             namespace
         }
+
+
+def test_an_outranked_replica_stops_its_own_passes(
+    cluster: LocalCluster, crd: str, namespace: str, release: str, tmp_path: Path
+) -> None:
+    """kopf pauses its watches for a peer of higher priority; the resync and the workers
+    are the operator's own and must pause with them (a paused replica's cache is stale).
+    A once-active replica outranked by a newer one runs no pass until the newer one goes."""
+    helm(
+        "install", release, str(CHART), "-n", namespace,
+        "--set", "scope=namespace,operator.resyncSeconds=5,operator.widthRetrySeconds=2",
+        kubeconfig=cluster.kubeconfig,
+    )  # fmt: skip
+    manifest = helm("get", "manifest", release, "-n", namespace, kubeconfig=cluster.kubeconfig)
+    deployment = next(d for d in documents(manifest.stdout) if d["kind"] == "Deployment")
+    pod_spec = deployment["spec"]["template"]["spec"]
+    kubeconfig = service_account_kubeconfig(
+        cluster, namespace, pod_spec["serviceAccountName"], tmp_path / "sa.kubeconfig"
+    )
+    container = pod_spec["containers"][0]
+    old = start_replica(container, f"{release}-old", kubeconfig, tmp_path, ("--priority=10",))
+    replicas = [old]
+    try:
+        wait_until("the first replica to work", lambda: working(old), timeout=60)
+        pool = sample_pool()
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pool))
+        finish_width_pod(cluster, namespace, pool, width=128)
+        ready_with(cluster, namespace, consumers="1/1")
+        assert reconciles(scrape(old)) > 0
+
+        new = start_replica(container, f"{release}-new", kubeconfig, tmp_path, ("--priority=20",))
+        replicas.append(new)
+        wait_until("the newer replica to work", lambda: working(new), timeout=60)
+        wait_until("the old one to stand by", lambda: said(old, "peering: standby"))
+        before = reconciles(scrape(old))
+        cluster.kubectl(
+            "patch", "encoderpool", "tiny", "-n", namespace, "--type=merge",
+            "-p", json.dumps({"spec": {"consumer": {"replicas": 2}}}),
+        )  # fmt: skip
+        ready_with(cluster, namespace, consumers="2/2")
+        time.sleep(12)  # two resyncs (5 s): the old replica's resync marks nothing
+        assert reconciles(scrape(new)) > 0
+        assert reconciles(scrape(old)) == before, "a standby ran passes from a stale cache"
+
+        new.stop()
+        wait_until("the old replica to resume", lambda: said(old, "peering: active"))
+        wait_until("the old replica to reconcile again", lambda: reconciles(scrape(old)) > before)
+    except BaseException:
+        for r in replicas:
+            print(f"===== {r.pod_id} =====\n{r.text()[-6000:]}")
+        raise
+    finally:
+        for r in replicas:
+            r.stop()
