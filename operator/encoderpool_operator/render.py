@@ -31,6 +31,7 @@ from encoderpool_operator.api import (
     KIND,
     VLLM_API_KEY_ENV,
     EncoderPool,
+    ProducerGroup,
     ResourceRequirements,
     RoleSpec,
 )
@@ -126,20 +127,41 @@ def _meta(pool: EncoderPool, name: str, component: str, **extra: Any) -> dict[st
 
 
 def name_of(pool: EncoderPool, component: str) -> str:
-    """Fixed child names: <pool>-producer, <pool>-consumer, <pool>-router; the Service is <pool>."""
-    return f"{pool.name}-{component}"
+    """Fixed child names: <pool>-producer, <pool>-consumer, <pool>-router; the Service is <pool>.
+
+    A producer group's component (producer-<group>) can make the name longer than 63
+    characters: then it is cut as ``bounded_name`` cuts it."""
+    return bounded_name(pool.name, f"-{component}")
+
+
+def bounded_name(pool_name: str, suffix: str) -> str:
+    """<pool><suffix>, at most 63 characters: a long pool name is cut and a hash of the
+    whole name keeps two long names with one prefix apart."""
+    name = pool_name + suffix
+    if len(name) <= MAX_CHILD_NAME:
+        return name
+    tag = hashlib.sha256(pool_name.encode()).hexdigest()[:6]
+    head = pool_name[: MAX_CHILD_NAME - len(suffix) - len(tag) - 1].rstrip("-")
+    return f"{head}-{tag}{suffix}"
 
 
 def width_job_name(pool: EncoderPool, fingerprint: str) -> str:
-    """<pool>-width-<fingerprint>, at most 63 characters: a long pool name is cut and a
-    hash of the whole name keeps two long names with one prefix apart."""
-    suffix = f"-width-{fingerprint[:10]}"
-    name = pool.name + suffix
-    if len(name) <= MAX_CHILD_NAME:
-        return name
-    tag = hashlib.sha256(pool.name.encode()).hexdigest()[:6]
-    head = pool.name[: MAX_CHILD_NAME - len(suffix) - len(tag) - 1].rstrip("-")
-    return f"{head}-{tag}{suffix}"
+    """<pool>-width-<fingerprint>, at most 63 characters (``bounded_name``)."""
+    return bounded_name(pool.name, f"-width-{fingerprint[:10]}")
+
+
+def group_component(group: ProducerGroup) -> str:
+    """The component (label value and name suffix) of a producer group's children."""
+    return f"{PRODUCER}-{group.name}"
+
+
+def producer_components(pool: EncoderPool) -> list[tuple[str, RoleSpec]]:
+    """Each producer Deployment as (component, its pod settings): ``producer`` alone, or
+    one ``producer-<group>`` per spec.producerGroups entry (and then no ``producer``)."""
+    spec = pool.spec
+    if not spec.producer_groups:
+        return [(PRODUCER, spec.producer)]
+    return [(group_component(g), g.role(spec.producer)) for g in spec.producer_groups]
 
 
 def _resources(res: ResourceRequirements | None) -> dict[str, Any]:
@@ -343,9 +365,19 @@ def _rdma_bits(pool: EncoderPool) -> tuple[dict[str, str], list[dict[str, Any]],
     return annotations, env, extra
 
 
-def vllm_deployment(pool: EncoderPool, role: str, config: ConnectorConfig) -> dict[str, Any]:
+def vllm_deployment(
+    pool: EncoderPool,
+    role: str,
+    config: ConnectorConfig,
+    component: str | None = None,
+    role_spec: RoleSpec | None = None,
+) -> dict[str, Any]:
+    """The Deployment of one role; a producer group passes its component and pod settings
+    (everything else, the connector config included, is the pool's, as for any producer)."""
     spec = pool.spec
-    role_spec: RoleSpec = spec.producer if role == PRODUCER else spec.consumer
+    component = component or role
+    if role_spec is None:
+        role_spec = spec.producer if role == PRODUCER else spec.consumer
     pod_annotations, rdma_env, rdma_resources = _rdma_bits(pool)
     resources = _resources(role_spec.resources)
     for key in ("requests", "limits"):
@@ -426,14 +458,14 @@ def vllm_deployment(pool: EncoderPool, role: str, config: ConnectorConfig) -> di
     if role_spec.priority_class_name:
         pod_spec["priorityClassName"] = role_spec.priority_class_name
     if role_spec.topology_spread_constraints:
-        selector = selector_labels(pool, role)
+        selector = selector_labels(pool, component)
         pod_spec["topologySpreadConstraints"] = [
             c.render(selector) for c in role_spec.topology_spread_constraints
         ]
     pod_spec.update(_pull_secrets(pool))
     template: dict[str, Any] = {
         "metadata": {
-            "labels": {**role_spec.pod_labels, **labels(pool, role)},
+            "labels": {**role_spec.pod_labels, **labels(pool, component)},
             "annotations": {
                 **role_spec.pod_annotations,
                 **pod_annotations,
@@ -447,10 +479,10 @@ def vllm_deployment(pool: EncoderPool, role: str, config: ConnectorConfig) -> di
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(pool, name_of(pool, role), role),
+        "metadata": _meta(pool, name_of(pool, component), component),
         "spec": {
             "replicas": role_spec.replicas,
-            "selector": {"matchLabels": selector_labels(pool, role)},
+            "selector": {"matchLabels": selector_labels(pool, component)},
             "strategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {
@@ -559,7 +591,7 @@ def network_policies(pool: EncoderPool) -> list[dict[str, Any]]:
     if pool.spec.connector.rdma is not None:
         producers.append(allow([pods_of(CONSUMER)], ports=None))
     out = [
-        _network_policy(pool, PRODUCER, producers),
+        *(_network_policy(pool, c, producers) for c, _ in producer_components(pool)),
         _network_policy(pool, CONSUMER, vllm_port),
         _network_policy(pool, WIDTH_JOB, []),
     ]
@@ -586,8 +618,7 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
         "image": router.image or defaults.router_image,
         "command": ["python", "-m", "encoderpool_router"],
         "args": [
-            "--producer-service",
-            name_of(pool, PRODUCER),
+            *_router_producers(pool),
             "--consumer-service",
             name_of(pool, CONSUMER),
             "--namespace",
@@ -688,6 +719,16 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
         },
         service(pool, pool.name, ROUTER, router.port),
     ]
+
+
+def _router_producers(pool: EncoderPool) -> list[str]:
+    """Where the router finds producers: one Service, or each modality's group's Service
+    (a modality in no group is left to the consumers)."""
+    groups = pool.spec.producer_groups
+    if not groups:
+        return ["--producer-service", name_of(pool, PRODUCER)]
+    services = {m: name_of(pool, group_component(g)) for g in groups for m in g.modalities}
+    return ["--producer-services-by-modality", json.dumps(services, sort_keys=True)]
 
 
 def _role_binding(pool: EncoderPool, name: str, component: str) -> dict[str, Any]:
@@ -866,12 +907,13 @@ def _workload_objects(
     objects: list[dict[str, Any]] = []
     if claim := cache_claim(pool):
         objects.append(claim)
-    objects += [
-        service(pool, name_of(pool, PRODUCER), PRODUCER, HTTP_PORT, headless=True),
-        service(pool, name_of(pool, CONSUMER), CONSUMER, HTTP_PORT),
-        vllm_deployment(pool, PRODUCER, config),
-        vllm_deployment(pool, CONSUMER, config),
-    ]
+    producers = producer_components(pool)
+    objects += [service(pool, name_of(pool, c), c, HTTP_PORT, headless=True) for c, _ in producers]
+    objects.append(service(pool, name_of(pool, CONSUMER), CONSUMER, HTTP_PORT))
+    # Every producer Deployment gets the one config the consumers get: entries any group
+    # writes carry the pool's fingerprint and widths, so every consumer loads them.
+    objects += [vllm_deployment(pool, PRODUCER, config, c, role) for c, role in producers]
+    objects.append(vllm_deployment(pool, CONSUMER, config))
     objects += router_objects(pool, defaults)
     objects += network_policies(pool)
     return objects
@@ -885,12 +927,11 @@ def child_refs(pool: EncoderPool) -> list[tuple[str, str, str]]:
     refs = []
     if cache_claim(pool) is not None:
         refs.append(("v1", "PersistentVolumeClaim", name_of(pool, "cache")))
-    refs += [
-        ("v1", "Service", name_of(pool, PRODUCER)),
-        ("v1", "Service", name_of(pool, CONSUMER)),
-        ("apps/v1", "Deployment", name_of(pool, PRODUCER)),
-        ("apps/v1", "Deployment", name_of(pool, CONSUMER)),
-    ]
+    producers = [name_of(pool, c) for c, _ in producer_components(pool)]
+    refs += [("v1", "Service", name) for name in producers]
+    refs.append(("v1", "Service", name_of(pool, CONSUMER)))
+    refs += [("apps/v1", "Deployment", name) for name in producers]
+    refs.append(("apps/v1", "Deployment", name_of(pool, CONSUMER)))
     if pool.spec.router.enabled:
         name = name_of(pool, ROUTER)
         refs += [

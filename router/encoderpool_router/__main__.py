@@ -33,9 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.host,
         settings.port,
         settings.metrics_port,
-        f"EndpointSlices of {settings.producer_service} and {settings.consumer_service}"
+        f"EndpointSlices of {settings.producer_service or settings.producer_services_by_modality}"
+        f" and {settings.consumer_service}"
         if settings.discovery
-        else f"producers {list(settings.producers)}, consumers {list(settings.consumers)}",
+        else f"producers {list(settings.producers) or dict(settings.producers_by_modality)}, "
+        f"consumers {list(settings.consumers)}",
         f"from {settings.auth_token_file}" if settings.auth_token_file else "off",
         "set" if settings.backend_api_key is not None else "unset",
     )

@@ -38,9 +38,11 @@ from encoderpool_router.backends import (
     BackendSet,
     EndpointSliceWatcher,
     kube_client,
+    producer_groups,
 )
 from encoderpool_router.config import RouterSettings
 from encoderpool_router.media import (
+    MODALITY,
     encoder_request,
     media_items,
     media_key,
@@ -108,6 +110,8 @@ class Router:
         self.settings = settings
         self._resolver = resolver  # None: aiohttp's default (the system's DNS)
         self.producers = producers or BackendSet("producer", settings.producers)
+        # modality -> its producers (all of them, or its group's; none: the consumer encodes)
+        self.groups = producer_groups(settings, self.producers)
         self.consumers = consumers or BackendSet("consumer", settings.consumers)
         self.metrics = metrics or RouterMetrics()
         self.watchers: list[EndpointSliceWatcher] = []
@@ -125,7 +129,7 @@ class Router:
         if settings.backend_api_key is not None:
             key = settings.backend_api_key.get_secret_value()
             self._upstream_auth = {"Authorization": f"Bearer {key}"}
-        for role in (self.producers, self.consumers):
+        for role in (*self.groups.sets, self.consumers):
             role.listeners.append(self._count_backends)
             self._count_backends(role)
 
@@ -154,7 +158,7 @@ class Router:
                 kube.close()
                 raise ValueError("--namespace is required outside a pod (no default namespace)")
             for service, target in (
-                (self.settings.producer_service, self.producers),
+                *self.groups.services.items(),
                 (self.settings.consumer_service, self.consumers),
             ):
                 assert service is not None
@@ -257,7 +261,8 @@ class Router:
 
     async def health(self, request: web.Request) -> web.Response:
         """Ready when a consumer is known: producers are an optimisation, consumers are not."""
-        state = {"producers": len(self.producers), "consumers": len(self.consumers)}
+        producers = sum(len(s) for s in self.groups.sets)
+        state = {"producers": producers, "consumers": len(self.consumers)}
         ok = len(self.consumers) > 0
         return web.json_response(
             {"status": "ok" if ok else "no consumers", **state}, status=200 if ok else 503
@@ -331,6 +336,8 @@ class Router:
         """One item on one producer: ("remote", its params); ("local", {}) on any failure
         (the consumer encodes it); ("reused", {}) when a producer encoded it moments ago."""
         key = media_key(part)
+        if self.groups.for_modality(MODALITY[str(part["type"])]) is None:
+            return "local", {}  # no producer group for its modality: the consumer encodes it
         if self.recent is not None and self.recent.fresh(key):
             return "reused", {}
         try:  # a slot among all clients' producer requests, or the consumer encodes it
@@ -346,7 +353,9 @@ class Router:
     async def _encode_on_producer(
         self, body: dict[str, Any], part: dict[str, Any], key: bytes, rid: str
     ) -> tuple[str, dict[str, Any]]:
-        producer = choose_producer(key, self.producers.backends, self.settings.producer_load_bound)
+        group = self.groups.for_modality(MODALITY[str(part["type"])])
+        backends = group.backends if group is not None else []
+        producer = choose_producer(key, backends, self.settings.producer_load_bound)
         if producer is None:
             self.metrics.error("producer_unavailable")
             return "local", {}

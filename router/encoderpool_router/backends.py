@@ -19,10 +19,12 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from encoderpool_router.config import GROUP_MODALITIES, RouterSettings
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,58 @@ class BackendSet:
         logger.info("%s backends now %s", self.role, new)
         for listener in self.listeners:
             listener(self)
+
+
+class ProducerGroups:
+    """Which producers encode each modality: one set for every modality, or a set per
+    producer group (several modalities may share one). A modality without a set is
+    encoded by the consumer: the router sends its items to no producer."""
+
+    def __init__(
+        self, by_modality: Mapping[str, BackendSet], services: Mapping[str, BackendSet]
+    ) -> None:
+        self.by_modality = dict(by_modality)
+        # Service name -> the set its EndpointSlices fill (empty with static backends).
+        self.services = dict(services)
+
+    def for_modality(self, modality: str) -> BackendSet | None:
+        return self.by_modality.get(modality)
+
+    @property
+    def sets(self) -> list[BackendSet]:
+        """Each distinct set once, in modality order."""
+        out: list[BackendSet] = []
+        for target in self.by_modality.values():
+            if all(target is not s for s in out):
+                out.append(target)
+        return out
+
+
+def producer_groups(settings: RouterSettings, producers: BackendSet) -> ProducerGroups:
+    """The routes ``settings`` ask for. Without groups every modality goes to
+    ``producers`` (filled from --producers or --producer-service); with groups each
+    distinct URL list or Service gets a set of its own, named after its modalities."""
+    if not settings.grouped:
+        watched = {settings.producer_service: producers} if settings.producer_service else {}
+        return ProducerGroups(dict.fromkeys(GROUP_MODALITIES, producers), watched)
+    by_source: dict[tuple[str, ...], list[str]] = {}  # URLs or (Service,) -> modalities
+    if settings.producers_by_modality:
+        sources = dict(settings.producers_by_modality)
+    else:
+        sources = {m: (svc,) for m, svc in settings.producer_services_by_modality.items()}
+    for modality, source in sorted(sources.items()):
+        by_source.setdefault(tuple(source), []).append(modality)
+    by_modality: dict[str, BackendSet] = {}
+    services: dict[str, BackendSet] = {}
+    for source, modalities in by_source.items():
+        role = "producer-" + "+".join(modalities)
+        if settings.producers_by_modality:
+            target = BackendSet(role, source)
+        else:
+            target = BackendSet(role)
+            services[source[0]] = target
+        by_modality.update(dict.fromkeys(modalities, target))
+    return ProducerGroups(by_modality, services)
 
 
 # --- Kubernetes API access ------------------------------------------------------------

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "ENCODERPOOL_ROUTER_"
@@ -25,6 +32,8 @@ _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 Seconds = Annotated[float, Field(gt=0, le=86400)]
 UrlList = Annotated[tuple[str, ...], NoDecode]
+# Modalities the router can route to a producer group (what media.MODALITY yields).
+GROUP_MODALITIES = ("image", "video", "audio")
 
 
 class RouterSettings(BaseSettings):
@@ -63,9 +72,22 @@ class RouterSettings(BaseSettings):
     consumer_service: str | None = Field(
         default=None, description="Service whose EndpointSlices list the consumers."
     )
+    producers_by_modality: Annotated[dict[str, UrlList], NoDecode] = Field(
+        default_factory=dict,
+        description="Static producer groups: base URLs per modality, as JSON, e.g. "
+        '{"image": ["http://127.0.0.1:8001"], "video": ["http://127.0.0.1:8002"]}. Each item '
+        "goes to its modality's producers; a modality not listed is encoded by the consumer. "
+        "Instead of --producers.",
+    )
+    producer_services_by_modality: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="Producer groups from EndpointSlices: the Service of each modality's "
+        'group, as JSON, e.g. {"image": "pool-producer-images"}; a modality not listed is '
+        "encoded by the consumer. Instead of --producer-service.",
+    )
     namespace: str | None = Field(
         default=None,
-        description="Namespace of both Services; defaults to the pod's own (or the "
+        description="Namespace of the Services; defaults to the pod's own (or the "
         "kubeconfig context's).",
     )
     kubeconfig: str | None = Field(
@@ -147,11 +169,9 @@ class RouterSettings(BaseSettings):
 
     @field_validator("producers", "consumers", "allowed_media_domains", mode="before")
     @classmethod
-    def _split(cls, v: Any) -> Any:
+    def _split_lists(cls, v: Any) -> Any:
         """Accept ``a,b`` (flags, environment) as well as a list."""
-        if isinstance(v, str):
-            return tuple(u.strip() for u in v.split(",") if u.strip())
-        return v
+        return _split(v)
 
     @field_validator("limit_mm_per_prompt", mode="before")
     @classmethod
@@ -164,20 +184,49 @@ class RouterSettings(BaseSettings):
                 raise ValueError(f'not JSON like {{"image": 4}}: {e}') from None
         return v
 
+    @field_validator("producers_by_modality", "producer_services_by_modality", mode="before")
+    @classmethod
+    def _json_groups(cls, v: Any, info: ValidationInfo) -> Any:
+        """Flags and environment give the groups as JSON text; URL lists may be ``a,b``."""
+        if isinstance(v, str):
+            try:
+                v = json.loads(v) if v.strip() else {}
+            except ValueError as e:
+                raise ValueError(f'not JSON like {{"image": ...}}: {e}') from None
+        if isinstance(v, dict):
+            unknown = sorted(str(m) for m in v if m not in GROUP_MODALITIES)
+            if unknown:
+                raise ValueError(f"unknown modality {unknown}: give {', '.join(GROUP_MODALITIES)}")
+            if info.field_name == "producers_by_modality":
+                return {m: _split(u) for m, u in v.items()}
+        return v
+
+    @field_validator("producers_by_modality")
+    @classmethod
+    def _group_urls(cls, v: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        empty = sorted(m for m, urls in v.items() if not urls)
+        if empty:
+            raise ValueError(
+                f"{empty} list no producer: leave a modality out to have it encoded by the consumer"
+            )
+        return {m: _urls(urls) for m, urls in v.items()}
+
+    @field_validator("producer_services_by_modality")
+    @classmethod
+    def _group_services(cls, v: dict[str, str]) -> dict[str, str]:
+        for service in v.values():
+            _service(service)
+        return v
+
     @field_validator("producers", "consumers")
     @classmethod
-    def _urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        out = tuple(backend_url(u) for u in v)
-        if len(set(out)) != len(out):
-            raise ValueError(f"lists a backend twice: {list(out)}")
-        return out
+    def _backend_urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return _urls(v)
 
     @field_validator("producer_service", "consumer_service")
     @classmethod
-    def _service(cls, v: str | None) -> str | None:
-        if v is not None and not _DNS1035.match(v):
-            raise ValueError(f"{v!r} is not a Service name (lowercase DNS-1035 label)")
-        return v
+    def _service_name(cls, v: str | None) -> str | None:
+        return v if v is None else _service(v)
 
     @field_validator("namespace")
     @classmethod
@@ -196,8 +245,22 @@ class RouterSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_source(self) -> RouterSettings:
-        static = bool(self.producers or self.consumers)
-        services = self.producer_service is not None or self.consumer_service is not None
+        if self.producers and self.producers_by_modality:
+            raise ValueError(
+                "give either --producers (one set for every modality) or "
+                "--producers-by-modality (producer groups), not both"
+            )
+        if self.producer_service is not None and self.producer_services_by_modality:
+            raise ValueError(
+                "give either --producer-service (one Service for every modality) or "
+                "--producer-services-by-modality (producer groups), not both"
+            )
+        static = bool(self.producers or self.producers_by_modality or self.consumers)
+        services = (
+            self.producer_service is not None
+            or bool(self.producer_services_by_modality)
+            or self.consumer_service is not None
+        )
         if static and services:
             raise ValueError(
                 "give either --producers/--consumers (static) or "
@@ -210,8 +273,14 @@ class RouterSettings(BaseSettings):
             )
         if static and not self.consumers:
             raise ValueError("--consumers is empty: the router needs at least one consumer")
-        if services and (self.producer_service is None or self.consumer_service is None):
-            raise ValueError("give both --producer-service and --consumer-service")
+        grouped = bool(self.producer_services_by_modality)
+        if services and (
+            (self.producer_service is None and not grouped) or self.consumer_service is None
+        ):
+            raise ValueError(
+                "give both --producer-service and --consumer-service (or "
+                "--producer-services-by-modality, for producer groups)"
+            )
         if self.metrics_port == self.port:
             raise ValueError(f"--metrics-port and --port are both {self.port}: give two ports")
         return self
@@ -220,6 +289,31 @@ class RouterSettings(BaseSettings):
     def discovery(self) -> bool:
         """True when backends come from EndpointSlices."""
         return self.consumer_service is not None
+
+    @property
+    def grouped(self) -> bool:
+        """True when producers come in groups, one per modality (or several modalities)."""
+        return bool(self.producers_by_modality or self.producer_services_by_modality)
+
+
+def _split(v: Any) -> Any:
+    """``a,b`` as a tuple; anything else as it is."""
+    if isinstance(v, str):
+        return tuple(u.strip() for u in v.split(",") if u.strip())
+    return v
+
+
+def _urls(v: tuple[str, ...]) -> tuple[str, ...]:
+    out = tuple(backend_url(u) for u in v)
+    if len(set(out)) != len(out):
+        raise ValueError(f"lists a backend twice: {list(out)}")
+    return out
+
+
+def _service(v: str) -> str:
+    if not _DNS1035.match(v):
+        raise ValueError(f"{v!r} is not a Service name (lowercase DNS-1035 label)")
+    return v
 
 
 def backend_url(url: str) -> str:

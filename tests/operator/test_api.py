@@ -72,6 +72,10 @@ def _template(spec: dict[str, Any]) -> dict[str, Any]:
     return {"spec": {"consumer": {"podTemplate": {"spec": spec}}}}
 
 
+def _groups(*groups: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {"producerGroups": list(groups)}}
+
+
 INVALID: list[tuple[str, dict[str, Any], str, str]] = [
     (
         "template-service-account",
@@ -343,6 +347,60 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
         "spec.model.hubToken.secretKeyRef.name",
         "",
     ),
+    (
+        "modality-in-two-producer-groups",
+        _groups(
+            {"name": "a", "modalities": ["image"]}, {"name": "b", "modalities": ["video", "image"]}
+        ),
+        "spec.producerGroups",
+        "each modality may belong to one producer group only",
+    ),
+    (
+        "producer-group-of-a-modality-limited-to-0",
+        {
+            "spec": {
+                "model": {"limitMmPerPrompt": {"image": 1, "video": 0}},
+                "producerGroups": [{"name": "v", "modalities": ["video"]}],
+            }
+        },
+        "spec.producerGroups",
+        "limitMmPerPrompt sets to 0",
+    ),
+    (
+        "producer-group-name",
+        _groups({"name": "Images", "modalities": ["image"]}),
+        "spec.producerGroups",
+        "should match",
+    ),
+    (
+        "producer-group-name-too-long",
+        _groups({"name": "a" * 17, "modalities": ["image"]}),
+        "spec.producerGroups",
+        "16",
+    ),
+    (
+        "producer-group-without-modalities",
+        _groups({"name": "a", "modalities": []}),
+        "spec.producerGroups",
+        "at least 1 item",
+    ),
+    (
+        "producer-group-replicas",
+        _groups({"name": "a", "modalities": ["image"], "replicas": 0}),
+        "spec.producerGroups",
+        "1",
+    ),
+    (
+        "too-many-producer-groups",
+        _groups(
+            *(
+                {"name": f"g{i}", "modalities": [m]}
+                for i, m in enumerate(["image", "video", "audio", "image"])
+            )
+        ),
+        "spec.producerGroups",
+        "at most 3 items",
+    ),
 ]
 
 # Refused by pydantic only (the CRD cannot check map keys or duplicates in a plain list
@@ -359,6 +417,20 @@ PYDANTIC_ONLY: list[tuple[str, dict[str, Any], str, str]] = [
         {"spec": {"model": {"limitMmPerPrompt": {"Image": 1}}}},
         "spec.model.limitMmPerPrompt",
         "",
+    ),
+    # The API server refuses these too, as duplicates of a map key or set entry
+    # (test_crd_apiserver.py), in its own words.
+    (
+        "duplicate-producer-group-names",
+        _groups({"name": "a", "modalities": ["image"]}, {"name": "a", "modalities": ["video"]}),
+        "spec.producerGroups",
+        "producer group names must be unique",
+    ),
+    (
+        "modality-twice-in-a-group",
+        _groups({"name": "a", "modalities": ["image", "image"]}),
+        "spec.producerGroups",
+        "list each modality once per group",
     ),
 ]
 

@@ -61,6 +61,40 @@ def test_invalid_pool_is_refused_naming_the_field(
 
 
 @pytest.mark.parametrize(
+    "groups",
+    [
+        [{"name": "a", "modalities": ["image"]}, {"name": "a", "modalities": ["video"]}],
+        [{"name": "a", "modalities": ["image", "image"]}],
+    ],
+    ids=["group-names", "modality-in-a-group"],
+)
+def test_duplicates_in_producer_groups_are_refused(
+    crd: LocalCluster, namespace: str, groups: list[dict[str, Any]]
+) -> None:
+    """A list map keyed by name and a set of modalities: the server's own duplicate check
+    (pydantic's message for these is its own: test_api.PYDANTIC_ONLY)."""
+    with pytest.raises(RuntimeError) as info:
+        _create(crd, namespace, patched({"spec": {"producerGroups": groups}}))
+    assert "spec.producerGroups" in str(info.value)
+    assert "Duplicate value" in str(info.value)
+
+
+def test_a_pool_with_producer_groups_reads_back_with_its_groups(
+    crd: LocalCluster, namespace: str
+) -> None:
+    groups = [
+        {"name": "images", "modalities": ["image"], "replicas": 3},
+        {"name": "av", "modalities": ["video", "audio"], "resources": {"limits": {"cpu": "4"}}},
+    ]
+    _create(crd, namespace, patched({"spec": {"producerGroups": groups}}))
+    stored = api.EncoderPool.from_object(_get(crd, namespace, "pool"))
+    assert [(g.name, g.modalities, g.replicas) for g in stored.spec.producer_groups] == [
+        ("images", ("image",), 3),
+        ("av", ("video", "audio"), None),
+    ]
+
+
+@pytest.mark.parametrize(
     ("before", "after", "field", "fix"),
     [
         ({"size": "2Gi"}, {"size": "1Gi"}, "spec.connector.sharedVolume.size", "cannot shrink"),

@@ -125,6 +125,67 @@ def test_network_policies_follow_the_spec(
     )
 
 
+def test_producer_groups_replace_the_producer_and_are_counted_each(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ready_sample_pool(cluster, namespace)
+    groups = [
+        {"name": "images", "modalities": ["image"], "replicas": 2},
+        {"name": "audio", "modalities": ["audio"]},
+    ]
+    patch_pool(cluster, namespace, {"spec": {"producerGroups": groups}})
+    group_children = [
+        (kind, f"tiny-producer-{g}")
+        for kind in ("deployment", "service", "networkpolicy")
+        for g in ("images", "audio")
+    ]
+
+    def grouped() -> dict[str, Any] | None:
+        got = get_json(cluster, "encoderpool", "tiny", "-n", namespace)
+        status = got.get("status", {})
+        counted = [(g["name"], g["summary"]) for g in status.get("producerGroups", [])]
+        ready = condition(got, "Ready")
+        done = (
+            counted == [("images", "2/2"), ("audio", "1/1")]
+            and status.get("observedGeneration") == got["metadata"]["generation"]
+            and ready is not None
+            and ready["status"] == "True"
+        )
+        return dict(got) if done else None
+
+    got = wait_until("both groups Ready and counted", grouped)
+    assert got["status"]["producers"]["summary"] == "3/3"
+    assert all(exists(cluster, namespace, k, n) for k, n in group_children)
+    wait_until(
+        "the single producer deleted",
+        lambda: (
+            not any(
+                exists(cluster, namespace, k, "tiny-producer")
+                for k in ("deployment", "service", "networkpolicy")
+            )
+        ),
+    )
+    args = pod_spec(cluster, namespace, "router")["containers"][0]["args"]
+    services = json.loads(args[args.index("--producer-services-by-modality") + 1])
+    assert services == {"image": "tiny-producer-images", "audio": "tiny-producer-audio"}
+
+    patch_pool(cluster, namespace, {"spec": {"producerGroups": None}})
+    wait_until(
+        "the groups deleted and the single producer back",
+        lambda: (
+            not any(exists(cluster, namespace, k, n) for k, n in group_children)
+            and exists(cluster, namespace, "deployment", "tiny-producer")
+        ),
+    )
+    wait_until(
+        "status without groups",
+        lambda: (
+            "producerGroups"
+            not in get_json(cluster, "encoderpool", "tiny", "-n", namespace)["status"]
+        ),
+    )
+
+
 def test_a_transport_switch_leaves_nothing_of_the_old_one(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess
 ) -> None:

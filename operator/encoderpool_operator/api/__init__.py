@@ -53,6 +53,7 @@ from encoderpool_operator.api.spec import (
     NetworkPeer,
     NetworkPolicySpec,
     PersistentVolumeClaimSource,
+    ProducerGroup,
     RdmaSpec,
     ResourceRequirements,
     RoleSpec,
@@ -75,6 +76,7 @@ from encoderpool_operator.api.status import (
     Condition,
     ConditionUpdate,
     EncoderPoolStatus,
+    ProducerGroupStatus,
     ReplicaStatus,
 )
 
@@ -121,6 +123,8 @@ __all__ = [
     "NetworkPeer",
     "NetworkPolicySpec",
     "PersistentVolumeClaimSource",
+    "ProducerGroup",
+    "ProducerGroupStatus",
     "Quantity",
     "RdmaSpec",
     "ReplicaStatus",

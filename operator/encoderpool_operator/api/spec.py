@@ -12,7 +12,14 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from encoderpool_connector.contracts import (
     CHANNEL_KEY_ENV,
@@ -549,6 +556,86 @@ class RoleSpec(ApiModel):
         return value
 
 
+# Modalities a producer group can take: those vLLM's chat API sends as media items.
+ProducerModality = Literal["image", "video", "audio"]
+MAX_PRODUCER_GROUPS = 3  # one per modality at most: a modality belongs to one group
+MAX_GROUP_NAME = 16
+GROUP_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_MODALITY_IN_ONE_GROUP = (
+    "each modality may belong to one producer group only: the router sends every item of "
+    "a modality to that modality's group; move the modality into one group"
+)
+_GROUP_NAMES_UNIQUE = "producer group names must be unique: rename one of the groups"
+_GROUP_MODALITIES_UNIQUE = "list each modality once per group"
+_GROUP_OF_NO_ITEMS = (
+    "a producer group serves a modality that model.limitMmPerPrompt sets to 0: no item "
+    "of it can reach the group; remove the modality from the group or raise the limit"
+)
+
+
+class ProducerGroup(ApiModel):
+    """Producers for some modalities only, in a Deployment of their own.
+
+    Large video or audio encoders want other replicas, GPUs or nodes than image
+    encoders; a group gives them that. Every other pod setting (tensor parallelism,
+    rollout, podTemplate, labels, ...) comes from spec.producer, and every group gets
+    the pool's one connector configuration, so its entries load in any consumer.
+    """
+
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_GROUP_NAME,
+        pattern=GROUP_NAME_PATTERN,
+        description="The group's name (a DNS-1035 label): its Deployment, headless Service "
+        "and NetworkPolicy are <pool>-producer-<name> (cut and suffixed with a hash past 63 "
+        "characters).",
+    )
+    modalities: tuple[ProducerModality, ...] = Field(
+        min_length=1,
+        max_length=3,
+        description="Modalities whose items the router sends to this group (image, video, "
+        "audio). A modality in no group is encoded by the consumers themselves.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    replicas: int | None = Field(
+        default=None, ge=1, le=256, description="Number of pods; default: spec.producer.replicas."
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None,
+        description="Resources of the vLLM container; default: spec.producer.resources.",
+    )
+    node_selector: dict[Annotated[str, Field(max_length=317)], Label] | None = Field(
+        default=None,
+        max_length=32,
+        description="Node labels the pods must match; default: spec.producer.nodeSelector.",
+    )
+    tolerations: tuple[Toleration, ...] | None = Field(
+        default=None,
+        max_length=32,
+        description="Taints the pods tolerate; default: spec.producer.tolerations.",
+    )
+
+    @field_validator("modalities")
+    @classmethod
+    def _once(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError(_GROUP_MODALITIES_UNIQUE)
+        return value
+
+    def role(self, producer: RoleSpec) -> RoleSpec:
+        """``producer`` with what this group sets instead (the group's pod settings)."""
+        update: dict[str, Any] = {}
+        if self.replicas is not None:
+            update["replicas"] = self.replicas
+        if self.resources is not None:
+            update["resources"] = self.resources
+        if self.node_selector is not None:
+            update["node_selector"] = dict(self.node_selector)
+        if self.tolerations is not None:
+            update["tolerations"] = self.tolerations
+        return producer.model_copy(update=update)
+
+
 _ONE_TRANSPORT = "set exactly one of sharedVolume (a ReadWriteMany volume) or rdma (NIXL over UCX)"
 _ONE_CLAIM = (
     "set exactly one of size (the operator creates a ReadWriteMany PVC of that size) "
@@ -960,6 +1047,18 @@ class WidthJobSpec(ApiModel):
 class EncoderPoolSpec(ApiModel):
     """Desired state: one model served by encoder producers and LM consumers."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_extra(
+            cel(
+                "!has(self.producerGroups) || !has(self.model.limitMmPerPrompt) || "
+                "self.producerGroups.all(g, g.modalities.all(m, "
+                "!(m in self.model.limitMmPerPrompt) || self.model.limitMmPerPrompt[m] > 0))",
+                _GROUP_OF_NO_ITEMS,
+                ".producerGroups",
+            )
+        )
+    )
+
     model: ModelSpec = Field(description="The model and how vLLM serves it.")
     image: str = Field(
         min_length=1,
@@ -976,6 +1075,26 @@ class EncoderPoolSpec(ApiModel):
     )
     producer: RoleSpec = Field(description="Encoder-only vLLM pods (EC producers).")
     consumer: RoleSpec = Field(description="LM vLLM pods (EC consumers).")
+    producer_groups: tuple[ProducerGroup, ...] = Field(
+        default=(),
+        max_length=MAX_PRODUCER_GROUPS,
+        description="Producers per modality, each group a Deployment of its own (e.g. one "
+        "for images, one for video). Empty: one producer Deployment, <pool>-producer, "
+        "encodes every modality. Set: no <pool>-producer; each group is spec.producer "
+        "with the group's replicas, resources, nodeSelector and tolerations, the router "
+        "sends each item to its modality's group, and items of a modality in no group are "
+        "encoded by the consumers.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            **cel_extra(
+                cel(
+                    "self.all(g, self.exists_one(h, h.modalities.exists(m, m in g.modalities)))",
+                    _MODALITY_IN_ONE_GROUP,
+                )
+            ),
+        },
+    )
     connector: ConnectorSpec = Field(description="How embeddings reach the consumers.")
     router: RouterSpec = Field(
         default_factory=RouterSpec, description="The pool's endpoint; on by default."
@@ -987,6 +1106,27 @@ class EncoderPoolSpec(ApiModel):
     width_job: WidthJobSpec = Field(
         default_factory=WidthJobSpec, description="The encoder-width measurement Job."
     )
+
+    @field_validator("producer_groups")
+    @classmethod
+    def _groups(
+        cls, value: tuple[ProducerGroup, ...], info: ValidationInfo
+    ) -> tuple[ProducerGroup, ...]:
+        names = [g.name for g in value]
+        if len(set(names)) != len(names):
+            raise ValueError(_GROUP_NAMES_UNIQUE)
+        modalities = [m for g in value for m in g.modalities]
+        if len(set(modalities)) != len(modalities):
+            raise ValueError(_MODALITY_IN_ONE_GROUP)
+        model = info.data.get("model")  # absent when the model itself is invalid
+        limits = model.limit_mm_per_prompt if isinstance(model, ModelSpec) else {}
+        if any(limits.get(m, 1) == 0 for m in modalities):
+            raise ValueError(_GROUP_OF_NO_ITEMS)
+        return value
+
+    def group_of(self, modality: str) -> ProducerGroup | None:
+        """The producer group that encodes ``modality``; None without one."""
+        return next((g for g in self.producer_groups if modality in g.modalities), None)
 
     def served_model_name(self) -> str:
         """What clients put in `model`: servedModelName, else the model name."""

@@ -95,6 +95,12 @@ class ReplicaStatus(ApiModel):
         return data
 
 
+class ProducerGroupStatus(ReplicaStatus):
+    """Pod counts of one producer group's Deployment."""
+
+    name: str = Field(max_length=16, description="The group's name (spec.producerGroups).")
+
+
 class EncoderPoolStatus(ApiModel):
     """Observed state, written by the operator only."""
 
@@ -141,7 +147,18 @@ class EncoderPoolStatus(ApiModel):
     hidden_size: int | None = Field(
         default=None, ge=1, le=1 << 20, description="The LM's hidden size, as measured."
     )
-    producers: ReplicaStatus | None = Field(default=None, description="Producer pods.")
+    producers: ReplicaStatus | None = Field(
+        default=None, description="Producer pods (with producer groups: of all groups)."
+    )
+    producer_groups: tuple[ProducerGroupStatus, ...] | None = Field(
+        default=None,
+        max_length=3,
+        description="Producer pods of each group in spec.producerGroups.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+        },
+    )
     consumers: ReplicaStatus | None = Field(default=None, description="Consumer pods.")
     router: ReplicaStatus | None = Field(default=None, description="Router pods.")
     router_endpoint: str | None = Field(

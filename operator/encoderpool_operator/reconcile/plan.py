@@ -35,6 +35,7 @@ from encoderpool_operator.api import (
     ConditionUpdate,
     EncoderPool,
     EncoderPoolStatus,
+    ProducerGroupStatus,
     ReplicaStatus,
 )
 from encoderpool_operator.conditions import PROBLEM_REASONS, ready_condition, set_condition
@@ -233,26 +234,30 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
         actions.append(Delete(api_version, kind, name, "no longer in the spec"))
 
     roles: Sequence[tuple[str, str, str, int]] = [
-        (PRODUCERS_AVAILABLE, "producers", render.PRODUCER, pool.spec.producer.replicas),
         (CONSUMERS_AVAILABLE, "consumers", render.CONSUMER, pool.spec.consumer.replicas),
     ]
     if pool.spec.router.enabled:
         roles = [*roles, (ROUTER_AVAILABLE, "router", render.ROUTER, pool.spec.router.replicas)]
+    if pool.spec.producer_groups:
+        producers, groups = producer_groups(snap, gen)
+        status_fields["producers"] = producers.replicas
+        status_fields["producer_groups"] = groups
+        updates.append(
+            _unless_measured(producers.condition, "producers", report is None, producers.exists)
+        )
+    else:
+        roles = [
+            (PRODUCERS_AVAILABLE, "producers", render.PRODUCER, pool.spec.producer.replicas),
+            *roles,
+        ]
+        status_fields["producer_groups"] = None
     for type_, what, component, desired in roles:
         dep = snap.deployment(component)
         status_fields[what] = replica_status(dep, desired)
         cond = availability(type_, what, dep, desired, gen)
-        if report is None and dep is not None:
-            cond = cond.model_copy(
-                update={
-                    "status": "False",
-                    "reason": "WaitingForWidths",
-                    "message": f"{what}: waiting for the new model's widths",
-                }
-            )
-        # No requeue for a rollout: each Deployment status change is an event that
-        # runs the next pass (and the resync timer catches anything missed).
-        updates.append(cond)
+        updates.append(_unless_measured(cond, what, report is None, dep is not None))
+    # No requeue for a rollout: each Deployment status change is an event that runs the
+    # next pass (and the resync timer catches anything missed).
     if not pool.spec.router.enabled:
         status_fields["router"] = None
 
@@ -285,13 +290,79 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
     return Plan(tuple(actions), new_status, requeue, transitions, widths.warnings)
 
 
+def _unless_measured(
+    cond: ConditionUpdate, what: str, unmeasured: bool, exists: bool
+) -> ConditionUpdate:
+    """A Deployment that exists while the model's widths are not measured waits for them."""
+    if not unmeasured or not exists:
+        return cond
+    return cond.model_copy(
+        update={
+            "status": "False",
+            "reason": "WaitingForWidths",
+            "message": f"{what}: waiting for the new model's widths",
+        }
+    )
+
+
+@dataclass(frozen=True)
+class GroupsObserved:
+    """The producer groups, summed: for status.producers and ProducersAvailable."""
+
+    replicas: ReplicaStatus
+    condition: ConditionUpdate
+    exists: bool  # any group's Deployment exists
+
+
+def producer_groups(
+    snap: Snapshot, gen: int | None
+) -> tuple[GroupsObserved, tuple[ProducerGroupStatus, ...]]:
+    """Each group's pod counts, their sum, and ProducersAvailable over all groups: True
+    when every group is available, else the first group that is not, naming each."""
+    pool = snap.pool
+    groups: list[ProducerGroupStatus] = []
+    waiting: list[ConditionUpdate] = []
+    exists = False
+    for group in pool.spec.producer_groups:
+        component = render.group_component(group)
+        desired = group.role(pool.spec.producer).replicas
+        dep = snap.deployment(component)
+        exists = exists or dep is not None
+        counts = replica_status(dep, desired)
+        groups.append(ProducerGroupStatus(name=group.name, **counts.model_dump()))
+        cond = availability(PRODUCERS_AVAILABLE, f"producer group {group.name}", dep, desired, gen)
+        if cond.status != "True":
+            waiting.append(cond)
+    total = ReplicaStatus(
+        desired=sum(g.desired for g in groups),
+        ready=sum(g.ready for g in groups),
+        available=sum(g.available for g in groups),
+    )
+    if waiting:
+        condition = waiting[0].model_copy(
+            update={"message": "producers: " + "; ".join(c.message for c in waiting)}
+        )
+    else:
+        condition = ConditionUpdate(
+            type=PRODUCERS_AVAILABLE,
+            status="True",
+            reason="Available",
+            message="producers: "
+            + "; ".join(f"group {g.name} {g.desired}/{g.desired} pods available" for g in groups),
+            observed_generation=gen,
+        )
+    return GroupsObserved(total, condition, exists), tuple(groups)
+
+
 def _shape(status: EncoderPoolStatus) -> Any:
     """What a status says apart from progress: whether the pool is Ready, its problems,
     and what it was rendered from. Replica counts, each role's availability and how far
     a rollout got are progress (Ready turning True is the end of it)."""
     ready = next((c.status for c in status.conditions if c.type == READY), None)
     problems = sorted((c.type, c.reason) for c in status.conditions if c.reason in PROBLEM_REASONS)
-    rest = status.model_dump(exclude={"conditions", "producers", "consumers", "router"})
+    rest = status.model_dump(
+        exclude={"conditions", "producers", "producer_groups", "consumers", "router"}
+    )
     return ready, problems, rest
 
 

@@ -1,0 +1,245 @@
+"""Producer groups (spec.producerGroups): a Deployment, headless Service and NetworkPolicy
+per group, the router told each modality's Service, one connector config for all, status
+per group. Pure: rendering and planning, no cluster (the CEL rules run on the API server
+in test_crd_apiserver.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from encoderpool_connector.contracts import ConnectorConfig
+from encoderpool_operator import render
+from encoderpool_operator.api import MAX_NAME_LENGTH, EncoderPool
+from encoderpool_operator.reconcile.plan import plan
+from encoderpool_router.config import parse_settings
+from tests.operator.test_plan import (
+    DEFAULTS,
+    NOW,
+    condition,
+    live_children,
+    pool_object,
+    report_cm,
+    report_of,
+    settled,
+    settled_snapshot,
+    snapshot,
+    writes,
+)
+from tests.operator.test_render import children, container, flag, load
+
+GROUPS = [
+    {"name": "images", "modalities": ["image"], "replicas": 2},
+    {
+        "name": "video",
+        "modalities": ["video"],
+        "resources": {"limits": {"cpu": "8", "memory": "16Gi"}},
+        "nodeSelector": {"gpu": "big"},
+    },
+]
+
+
+def grouped(example: str = "pool-shared-volume.yaml", groups: Any = None) -> EncoderPool:
+    pool = load(example)
+    obj = pool.model_dump(mode="json", by_alias=True, exclude={"status"})
+    obj["spec"]["producerGroups"] = copy.deepcopy(GROUPS if groups is None else groups)
+    obj["spec"]["model"]["limitMmPerPrompt"] = {"image": 1, "video": 1}
+    obj["spec"]["producer"]["tensorParallelSize"] = 2
+    obj["spec"]["producer"]["tolerations"] = [{"key": "gpu", "operator": "Exists"}]
+    return EncoderPool.from_object(obj)
+
+
+def pod_spec(objs: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+    return dict(objs[f"Deployment/{name}"]["spec"]["template"]["spec"])
+
+
+def test_each_group_gets_its_own_deployment_service_and_policy_and_no_default_producer() -> None:
+    objs = children(grouped())
+    for group in ("images", "video"):
+        name = f"pool-producer-{group}"
+        assert objs[f"Service/{name}"]["spec"]["clusterIP"] == "None"  # the router picks pods
+        selector = objs[f"Deployment/{name}"]["spec"]["selector"]["matchLabels"]
+        assert selector[render.LABEL_COMPONENT] == f"producer-{group}"
+        assert objs[f"Service/{name}"]["spec"]["selector"] == selector
+        assert objs[f"NetworkPolicy/{name}"]["spec"]["podSelector"]["matchLabels"] == selector
+        labels = objs[f"Deployment/{name}"]["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+    assert not [k for k in objs if k.endswith("/pool-producer")]
+    # Selectors apart: no group's Deployment adopts another's pods.
+    selectors = [
+        json.dumps(o["spec"]["selector"], sort_keys=True)
+        for o in objs.values()
+        if o["kind"] == "Deployment"
+    ]
+    assert len(set(selectors)) == len(selectors)
+
+
+def test_a_group_is_spec_producer_with_its_own_replicas_resources_and_nodes() -> None:
+    objs = children(grouped())
+    images, video = (
+        objs["Deployment/pool-producer-images"],
+        objs["Deployment/pool-producer-video"],
+    )
+    assert images["spec"]["replicas"] == 2
+    assert video["spec"]["replicas"] == 1  # spec.producer.replicas
+    assert container(objs, "pool-producer-images")["resources"] == {
+        "requests": {"cpu": "1", "memory": "2Gi"},
+        "limits": {"memory": "4Gi"},
+    }  # spec.producer.resources
+    assert container(objs, "pool-producer-video")["resources"] == {
+        "limits": {"cpu": "8", "memory": "16Gi"}
+    }
+    assert pod_spec(objs, "pool-producer-video")["nodeSelector"] == {"gpu": "big"}
+    assert "nodeSelector" not in pod_spec(objs, "pool-producer-images")
+    for name in ("pool-producer-images", "pool-producer-video"):
+        assert pod_spec(objs, name)["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+        assert flag(container(objs, name)["args"], "--tensor-parallel-size") == "2"
+
+
+def test_every_group_gets_the_consumer_s_connector_config() -> None:
+    """One fingerprint and one set of widths: an entry any group writes loads anywhere."""
+    objs = children(grouped())
+    configs = {}
+    for name in ("pool-producer-images", "pool-producer-video", "pool-consumer"):
+        raw = json.loads(flag(container(objs, name)["args"], "--ec-transfer-config"))
+        assert raw["ec_role"] == ("ec_consumer" if name == "pool-consumer" else "ec_producer")
+        configs[name] = ConnectorConfig.from_extra_config(raw["ec_connector_extra_config"])
+    assert len({c.model_dump_json() for c in configs.values()}) == 1
+
+
+def test_the_router_is_told_each_modality_s_group_service() -> None:
+    objs = children(grouped())
+    settings = parse_settings(container(objs, "pool-router")["args"])
+    assert settings.producer_service is None
+    assert settings.producer_services_by_modality == {
+        "image": "pool-producer-images",
+        "video": "pool-producer-video",
+    }
+    assert settings.consumer_service == "pool-consumer"
+    # A modality in no group: not listed, so the router leaves it to the consumers.
+    only_video = children(grouped(groups=[{"name": "v", "modalities": ["video"]}]))
+    settings = parse_settings(container(only_video, "pool-router")["args"])
+    assert settings.producer_services_by_modality == {"video": "pool-producer-v"}
+
+
+def test_one_group_may_take_several_modalities() -> None:
+    objs = children(grouped(groups=[{"name": "media", "modalities": ["image", "video"]}]))
+    settings = parse_settings(container(objs, "pool-router")["args"])
+    assert settings.producer_services_by_modality == {
+        "image": "pool-producer-media",
+        "video": "pool-producer-media",
+    }
+
+
+@pytest.mark.parametrize("example", ["pool-shared-volume.yaml", "pool-rdma.yaml"])
+def test_each_group_s_policy_lets_in_the_router_and_with_rdma_the_consumers(example: str) -> None:
+    pool = grouped(example)
+    objs = children(pool)
+    single = children(load(example))["NetworkPolicy/pool-producer"]["spec"]["ingress"]
+    for group in ("images", "video"):
+        ingress = objs[f"NetworkPolicy/pool-producer-{group}"]["spec"]["ingress"]
+        assert ingress == single  # the paths a single producer has, no more
+    consumers = {"podSelector": {"matchLabels": render.selector_labels(pool, "consumer")}}
+    rdma = any(consumers in rule.get("from", []) for rule in single)
+    assert rdma == (example == "pool-rdma.yaml")
+
+
+@pytest.mark.parametrize("example", ["pool-shared-volume.yaml", "pool-rdma.yaml"])
+def test_child_refs_name_what_the_groups_render(example: str) -> None:
+    pool = grouped(example)
+    rendered = {
+        render.ref_of(o) for o in render.workload_objects(pool, report_of_pool(pool), DEFAULTS)
+    }
+    assert set(render.child_refs(pool)) == rendered
+
+
+def report_of_pool(pool: EncoderPool) -> Any:
+    return report_of(pool.model_dump(mode="json", by_alias=True, exclude={"status"}))
+
+
+def test_long_pool_and_group_names_stay_within_63_characters_and_apart() -> None:
+    long = "p" * MAX_NAME_LENGTH
+    obj = load("pool-shared-volume.yaml").model_dump(mode="json", by_alias=True)
+    obj["metadata"] = {"name": long, "namespace": "ml", "uid": "u-1"}
+    obj["spec"]["producerGroups"] = [
+        {"name": "a" * 16, "modalities": ["image"]},
+        {"name": "a" * 15 + "b", "modalities": ["video"]},
+    ]
+    obj["spec"]["model"]["limitMmPerPrompt"] = {}
+    pool = EncoderPool.from_object(obj)
+    names = [name for _, _, name in render.child_refs(pool)]
+    assert max(len(n) for n in names) <= 63
+    groups = [render.name_of(pool, c) for c, _ in render.producer_components(pool)]
+    assert len(set(groups)) == 2
+    assert all(n.endswith(g) for n, g in zip(groups, ["a" * 16, "a" * 15 + "b"], strict=True))
+    assert render.name_of(pool, "consumer") == f"{long}-consumer"  # short enough: unchanged
+
+
+def test_no_groups_renders_exactly_what_a_single_producer_pool_always_rendered() -> None:
+    for example in ("pool-shared-volume.yaml", "pool-rdma.yaml"):
+        pool = load(example)
+        empty = pool.model_copy(
+            update={"spec": pool.spec.model_copy(update={"producer_groups": ()})}
+        )
+        assert children(empty) == children(pool)
+        assert "Deployment/pool-producer" in children(pool)
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+def groups_object(groups: Any = None) -> dict[str, Any]:
+    obj = pool_object(producerGroups=copy.deepcopy(GROUPS if groups is None else groups))
+    obj["spec"]["model"]["limitMmPerPrompt"] = {"image": 1, "video": 1}
+    return obj
+
+
+def test_status_counts_each_group_and_producers_available_needs_every_group() -> None:
+    obj = settled(groups_object())
+    p = plan(settled_snapshot(obj), DEFAULTS, NOW)
+    status = p.status
+    assert status.producers is not None
+    assert status.producers.summary == "3/3"
+    assert [(g.name, g.summary) for g in status.producer_groups or ()] == [
+        ("images", "2/2"),
+        ("video", "1/1"),
+    ]
+    assert condition(p, "ProducersAvailable")[:2] == ("True", "Available")
+    assert condition(p, "Ready")[0] == "True"
+
+    pool = EncoderPool.from_object(obj)
+    report = report_of(obj)
+    live = live_children(pool, report)
+    video = live[("apps/v1", "Deployment", "tiny-producer-video")]
+    video["status"] = {**video["status"], "availableReplicas": 0, "readyReplicas": 0}
+    p = plan(snapshot(obj, report_cm=report_cm(report), live=live), DEFAULTS, NOW)
+    status_, reason, message = condition(p, "ProducersAvailable")
+    assert (status_, reason) == ("False", "PodsNotReady")
+    assert "producer group video: 0/1 pods available" in message
+    assert "images" not in message
+    assert condition(p, "Ready")[0] == "False"
+    assert p.status.producers is not None
+    assert p.status.producers.summary == "2/3"
+
+
+def test_moving_to_groups_replaces_the_single_producer_and_back() -> None:
+    single = settled(pool_object())
+    groups = {**single, "spec": {**groups_object()["spec"]}}
+    p = plan(settled_snapshot(groups, live_from=single), DEFAULTS, NOW)
+    described = sorted(a.describe() for a in writes(p))
+    for gone in ("Deployment", "NetworkPolicy", "Service"):
+        assert f"{gone}/tiny-producer (deleted: no longer in the spec)" in described
+    for new in ("Deployment", "NetworkPolicy", "Service"):
+        for group in ("images", "video"):
+            assert f"{new}/tiny-producer-{group}" in described
+    assert "Deployment/tiny-router" in described  # told the groups' Services
+    assert p.status.producer_groups is not None
+
+    back = plan(settled_snapshot(single, live_from=settled(groups)), DEFAULTS, NOW)
+    described = sorted(a.describe() for a in writes(back))
+    assert "Deployment/tiny-producer-video (deleted: no longer in the spec)" in described
+    assert "Deployment/tiny-producer" in described
+    assert back.status.producer_groups is None
