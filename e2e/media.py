@@ -1,7 +1,10 @@
-"""Deterministic test images and OpenAI request bodies for the tiny model.
+"""Deterministic test images, videos and OpenAI request bodies for the tiny model.
 
 Images are small PNGs: 112x112 is 8x8 patches of 14 px, so 16 LM tokens after
-the 2x2 merge. Requests decode greedily and ask for ``token_ids`` so outputs
+the 2x2 merge. Videos are a few JPEG frames sent as one ``video/jpeg`` data URL
+(vLLM's frame-list form: no video decoder involved, so any vLLM build reads
+them): 4 frames of 112x112 are 2 temporal patches of 8x8, 32 LM tokens. Requests
+decode greedily and ask for ``token_ids`` so outputs
 compare exactly across servers (logprobs are left out on purpose: the first
 request asking for them triggers a 10-18 s compile on CPU).
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 import base64
 import io
 import random
+from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image, ImageDraw
@@ -18,9 +22,7 @@ from PIL import Image, ImageDraw
 MODEL = "tiny-qwen2vl"
 
 
-def image(index: int, size: tuple[int, int] = (112, 112)) -> bytes:
-    """PNG bytes of the index-th test image: the same bytes for the same index."""
-    rng = random.Random(index)
+def _picture(rng: random.Random, size: tuple[int, int]) -> Image.Image:
     im = Image.new("RGB", size, tuple(rng.randrange(256) for _ in range(3)))
     draw = ImageDraw.Draw(im)
     w, h = size
@@ -29,9 +31,47 @@ def image(index: int, size: tuple[int, int] = (112, 112)) -> bytes:
         box = (x0, y0, rng.randrange(x0 + 4, w), rng.randrange(y0 + 4, h))
         fill = tuple(rng.randrange(256) for _ in range(3))
         (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=fill)
+    return im
+
+
+def image(index: int, size: tuple[int, int] = (112, 112)) -> bytes:
+    """PNG bytes of the index-th test image: the same bytes for the same index."""
     buf = io.BytesIO()
-    im.save(buf, format="PNG")
+    _picture(random.Random(index), size).save(buf, format="PNG")
     return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class Video:
+    """A test video: its frames as JPEG bytes, in order."""
+
+    frames: tuple[bytes, ...]
+
+    def data_url(self) -> str:
+        """vLLM's frame-list data URL: ``data:video/jpeg;base64,<frame>,<frame>,...``."""
+        return "data:video/jpeg;base64," + ",".join(
+            base64.b64encode(f).decode() for f in self.frames
+        )
+
+
+def video(index: int, frames: int = 4, size: tuple[int, int] = (112, 112)) -> Video:
+    """The index-th test video: the same frames for the same index, none alike across
+    indices (its seed space is apart from ``image``'s). Frames share a background and
+    their shapes drift, so the video is not a slideshow of unrelated pictures; an even
+    count fills whole temporal patches (Qwen2-VL merges frame pairs)."""
+    rng = random.Random(f"video-{index}")
+    base = _picture(rng, size)
+    out = []
+    for _ in range(frames):
+        frame = base.copy()
+        draw = ImageDraw.Draw(frame)
+        x0, y0 = rng.randrange(size[0] - 16), rng.randrange(size[1] - 16)
+        fill = tuple(rng.randrange(256) for _ in range(3))
+        draw.rectangle((x0, y0, x0 + 15, y0 + 15), fill=fill)
+        buf = io.BytesIO()
+        frame.save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return Video(tuple(out))
 
 
 def data_url(png: bytes) -> str:
@@ -46,16 +86,30 @@ def image_part(png: bytes, uuid: str | None = None) -> dict[str, Any]:
     return part
 
 
+def video_part(clip: Video, uuid: str | None = None) -> dict[str, Any]:
+    """A ``video_url`` content part; ``uuid`` as for ``image_part``."""
+    part: dict[str, Any] = {"type": "video_url", "video_url": {"url": clip.data_url()}}
+    if uuid is not None:
+        part["uuid"] = uuid
+    return part
+
+
+def media_part(item: bytes | Video, uuid: str | None = None) -> dict[str, Any]:
+    """The content part of an image (PNG bytes) or a ``Video``."""
+    return video_part(item, uuid) if isinstance(item, Video) else image_part(item, uuid)
+
+
 def chat_request(
-    *images: bytes,
+    *media: bytes | Video,
     text: str = "Describe this image.",
     max_tokens: int = 8,
     stream: bool = False,
     uuids: list[str | None] | None = None,
 ) -> dict[str, Any]:
-    """A greedy chat request with the given images followed by ``text``."""
-    ids = uuids or [None] * len(images)
-    content = [image_part(png, uuid) for png, uuid in zip(images, ids, strict=True)]
+    """A greedy chat request with the given images (PNG bytes) and videos, in that
+    order, followed by ``text``."""
+    ids = uuids or [None] * len(media)
+    content = [media_part(item, uuid) for item, uuid in zip(media, ids, strict=True)]
     content.append({"type": "text", "text": text})
     body: dict[str, Any] = {
         "model": MODEL,

@@ -18,8 +18,11 @@ MODALITY = {
     "audio_url": "audio",
     "input_audio": "audio",
 }
-# Request fields that change what the encoder emits, so a producer must see them too.
-_ENCODER_FIELDS = ("mm_processor_kwargs",)
+# Request fields that change what the encoder emits, so a producer must see them too:
+# the HF processor's arguments, and how media are decoded (a video's frames: num_frames,
+# fps). A producer that decoded otherwise would publish an embedding the consumer
+# cannot use (other token count) and the consumer would encode the item itself.
+_ENCODER_FIELDS = ("mm_processor_kwargs", "media_io_kwargs")
 
 
 def media_items(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ stops every server it started, by PID, when the module ends.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -50,6 +51,19 @@ LOGGING_CONFIG = {
 }
 
 
+# What the width Job reports for the tiny model with vLLM's default limits (both
+# modalities measured: test_measure), so the operator renders both.
+TINY_WIDTHS = {"image": 128, "video": 128}
+
+
+def producer_widths(log: str) -> dict[str, int]:
+    """The widths an EC producer's vLLM measured at start-up, from its log (in no fixed
+    order there)."""
+    found = re.search(r"EC producer encoder output widths: (\{[^}]*\})", log)
+    assert found, "the producer logged no measured widths"
+    return dict(ast.literal_eval(found.group(1)))
+
+
 def tiny_fingerprint(model: Path) -> str:
     """The fingerprint the servers compute for the tiny model as the test bed serves it."""
     import vllm
@@ -63,7 +77,7 @@ def sv_config(root: Path, fingerprint: str, **settings: Any) -> dict[str, Any]:
     cfg = ConnectorConfig(
         transport="sharedVolume",
         model_fingerprint=fingerprint,
-        encoder_output_widths={"image": 128},
+        encoder_output_widths=TINY_WIDTHS,
         shared_volume=sv,
     )
     return cfg.to_extra_config()

@@ -47,6 +47,10 @@ def test_measure_writes_the_report_as_a_termination_message(
     assert report.bytes_per_token["image"] == 256  # 128 x bf16
     assert report.hidden_size == 128
     assert report.max_tokens_per_item["image"] == 64  # 224x224 max pixels / 14^2 / 2x2 merge
+    # vLLM's default limits admit videos too: each modality is measured on its own.
+    assert report.encoder_output_widths["video"] == 128
+    assert report.bytes_per_token["video"] == 256
+    assert report.max_tokens_per_item["video"] == 448  # vLLM's budget for one video item
     # The Job and the serving pods fingerprint the model the same way.
     assert report.fingerprint == tiny_fingerprint(tiny_model)
     # What the operator stores: compact, within the kubelet's limit, and it round-trips.

@@ -18,7 +18,7 @@ import pytest
 from e2e.media import chat_request, encoder_request, image_part, token_ids
 from e2e.vllm_server import VllmServer, free_port
 from encoderpool_connector.contracts import CHANNEL_KEY_ENV, ConnectorConfig
-from tests.connector.fixtures import EpFactory, tiny_fingerprint
+from tests.connector.fixtures import TINY_WIDTHS, EpFactory, tiny_fingerprint
 from tests.router.fixtures import RouterProcess, encoded_hashes
 
 CONNECTOR = "EncoderPoolNixlConnector"
@@ -44,7 +44,7 @@ def rdma_config(fingerprint: str, port: int, **settings: Any) -> dict[str, Any]:
     cfg = ConnectorConfig(
         transport="rdma",
         model_fingerprint=fingerprint,
-        encoder_output_widths={"image": 128},
+        encoder_output_widths=TINY_WIDTHS,
         rdma=rdma,
     )
     return cfg.to_extra_config()
