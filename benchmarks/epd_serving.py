@@ -430,6 +430,13 @@ def cpu_seconds(pgid: int | None = None, pid: int | None = None) -> float:
     return total
 
 
+def host_cpu() -> float:
+    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
 # --- arms ----------------------------------------------------------------------------------------
 
 
@@ -462,6 +469,17 @@ class Arm:
         from tests.router.fixtures import ENCODED_LINE
 
         return {c: s.log_text().count(ENCODED_LINE) for c, s in self.servers.items()}
+
+    def routed(self) -> dict[str, float]:
+        """The router's item counters: where items were encoded, and producer failures."""
+        r = self.router
+        out = {
+            kind: r.metric("encoderpool_router_media_items_total", encoded=kind)
+            for kind in ("remote", "local", "reused")
+        }
+        for kind in ("producer_timeout", "producer_error", "producer_unavailable"):
+            out[kind] = r.metric("encoderpool_router_errors_total", kind=kind)
+        return out
 
     def cpu(self) -> dict[str, float]:
         out = {
@@ -587,7 +605,11 @@ def build_arms(args: argparse.Namespace, model: Path, work: Path) -> list[Arm]:
 
     logging_config = work / "logging.json"
     loggers = {"vllm": LOGGING_CONFIG["loggers"]["vllm"], ENCODER_LOGGER: {"level": "DEBUG"}}
-    logging_config.write_text(json.dumps({**LOGGING_CONFIG, "loggers": loggers}))
+    formatter = dict(LOGGING_CONFIG["formatters"]["vllm"])
+    formatter["format"] = "%(asctime)s " + formatter["format"]
+    logging_config.write_text(
+        json.dumps({**LOGGING_CONFIG, "formatters": {"vllm": formatter}, "loggers": loggers})
+    )
     arms: list[Arm] = []
     width = args.encoder_width or encoder_width(model)
     specs = connector_configs(model, work / "ec", width, args.store_bytes, args.rdma_bytes)
@@ -640,7 +662,7 @@ def started(arms: Sequence[Arm], work: Path, timeout: float) -> Iterator[None]:
             s.wait_ready(timeout)
         for a in arms:
             router_log = work / f"router-{a.name}.log"
-            a.router = RouterProcess([*a.router_args, "--log-level", "WARNING"], router_log)
+            a.router = RouterProcess([*a.router_args, "--log-level", "INFO"], router_log)
             a.router.start()
         yield
     finally:
@@ -871,17 +893,25 @@ async def measure(arms: Sequence[Arm], wls: Sequence[Workload], image_size: int)
         order = list(arms[wi % len(arms) :]) + list(arms[: wi % len(arms)])
         for arm in order:
             others = [a for a in arms if a is not arm]
-            enc0, before = arm.encodes(), arm.cpu()
-            idle0, t0 = sum(sum(a.cpu().values()) for a in others), time.perf_counter()
+            enc0, before, routed0 = arm.encodes(), arm.cpu(), arm.routed()
+            idle0, host0 = sum(sum(a.cpu().values()) for a in others), host_cpu()
+            t0, client0 = time.perf_counter(), sum(os.times()[:2])
             records = await run_workload(arm.url, wl, image_size)
             wall = time.perf_counter() - t0
-            after, enc1 = arm.cpu(), arm.encodes()
+            client1, host1 = sum(os.times()[:2]), host_cpu()
+            after, enc1, routed1 = arm.cpu(), arm.encodes(), arm.routed()
             idle1 = sum(sum(a.cpu().values()) for a in others)
             results[wl.name][arm.name] = workload_summary(wl.name, records)
             busy = {c: 100 * (after[c] - before[c]) / wall for c in after}
+            busy["client"] = 100 * (client1 - client0) / wall
             busy["idle arms"] = 100 * (idle1 - idle0) / wall  # what the others cost meanwhile
+            # everything else on the machine (other users of the cores), from /proc/stat
+            busy["not ours"] = 100 * (host1 - host0) / wall - sum(busy.values())
             cpu[wl.name][arm.name] = busy
             encodes[wl.name][arm.name] = {c: enc1[c] - enc0[c] for c in enc1}
+            if "producer" in arm.servers:  # the router's view of the same items
+                moved = {k: round(routed1[k] - routed0[k]) for k in routed1}
+                encodes[wl.name][arm.name].update({f"router {k}": v for k, v in moved.items() if v})
             print(f"  {wl.name} on {arm.name}: {len(records)} requests in {wall:.1f} s", flush=True)
         # stable order
         results[wl.name] = {a.name: results[wl.name][a.name] for a in arms}

@@ -18,6 +18,7 @@ from benchmarks.epd_serving import (
     Req,
     Sizes,
     Summary,
+    Workload,
     parse_args,
     percentile,
     place,
@@ -25,6 +26,7 @@ from benchmarks.epd_serving import (
     ratios,
     request_body,
     result_line,
+    run_workload,
     sse_events,
     summarize,
     tokens_in_chunk,
@@ -32,6 +34,7 @@ from benchmarks.epd_serving import (
     workloads,
     zipf_ranks,
 )
+from tests.router.fixtures import FakeBackend, fakes, router_at, run
 
 
 def test_workloads_are_deterministic_and_disjoint() -> None:
@@ -182,3 +185,38 @@ def test_flags(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_args(["--transports", "rdma"])  # headline sharedVolume not measured
     assert json.dumps(vars(parse_args(["--transports", "rdma", "--headline", "rdma"])), default=str)
+
+
+def test_client_streams_through_the_router_to_fake_backends() -> None:
+    """The benchmark's client end to end (closed loop, timed arrivals, SSE timing) without engines.
+
+    The fake consumer streams 4 one-token chunks, so every request asks for 4 tokens.
+    """
+    wl = Workload(
+        "mixed",
+        (
+            Req((), "stream", 4, "decode"),
+            Req((1, 2), "heavy", 4, "heavy", at_s=0.05),
+            Req((3,), "heavy", 4, "heavy", at_s=0.1),
+        ),
+        concurrency=1,
+        loop_until_timed_done=True,
+    )
+    producer, consumer = FakeBackend("producer-0"), FakeBackend("consumer-0")
+
+    async def scenario() -> list[Record]:
+        async with (
+            fakes(producer, consumer) as (purl, curl),
+            router_at([purl], [curl]) as (_, url),
+        ):
+            return await run_workload(url, wl, 56)
+
+    records = run(scenario())
+    roles = Counter(r.role for r in records)
+    assert roles["heavy"] == 2
+    assert roles["decode"] >= 1  # the stream went round until both heavy requests were done
+    assert all(len(r.token_times) == 4 and r.start <= r.ttft + r.start <= r.end for r in records)
+    assert len([s for s in producer.seen if s.body]) == 3  # one producer request per image
+    summary = workload_summary("mixed", records)
+    assert summary.ttft_p50 > 0
+    assert summary.n == len(records)
