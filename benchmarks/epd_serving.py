@@ -720,6 +720,23 @@ async def calibrate(arms: Sequence[Arm], image_size: int, max_tokens: int) -> di
     return out
 
 
+def capacity_bound(
+    calib: dict[str, float], images: int, max_tokens: int, producer: int, consumer: int
+) -> dict[str, float]:
+    """Requests/s each arm can sustain at most, from the idle calibration (a closed system).
+
+    Per request, E = encoder seconds (images x (fresh - cached TTFT)) and D = the rest
+    (cached TTFT + the decode steps). A pool does E on its ``producer`` devices and D on
+    its ``consumer`` ones, so at most min(p/E, c/D); monolithic replicas do E + D on all
+    p + c devices, (p + c)/(E + D). Their ratio is the most a pool can gain here.
+    """
+    e = images * (calib["mono_ttft_fresh_image_ms"] - calib["mono_ttft_cached_image_ms"]) / 1e3
+    d = (calib["mono_ttft_cached_image_ms"] + (max_tokens - 1) * calib["mono_decode_step_ms"]) / 1e3
+    pool = min(producer / e, consumer / d)
+    mono = (producer + consumer) / (e + d)
+    return {"encode_s": e, "rest_s": d, "pool_rps": pool, "mono_rps": mono, "ratio": pool / mono}
+
+
 async def warm(arms: Sequence[Arm], image_size: int) -> None:
     """First requests pay one-time costs (allocation, lazy init): pay them before timing."""
     reqs = [
@@ -809,6 +826,8 @@ def plot(path: Path, by_pool: dict[str, dict[str, dict[str, float]]], title: str
                 if pi:  # second transport: lighter shade of the metric's colour
                     shade = tuple(c + (255 - c) // 2 for c in shade)  # type: ignore[assignment]
                 d.rectangle([bx, y(v), bx + bar_w - 2, y(0)], fill=shade)
+                if v > ymax:  # clipped: say how tall it is
+                    d.text((bx, y(ymax) - 12), f"{v:.0f}", fill="black")
     ly = h - bottom + 30
     for mi, m in enumerate(METRICS):
         lx = left + mi * 150
@@ -944,6 +963,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         calib = asyncio.run(calibrate(arms, args.image_size, sizes.max_tokens))
         results, cpu, encodes = asyncio.run(measure(arms, wls, args.image_size))
     print("idle calibration:", ", ".join(f"{k}={v:.3g}" for k, v in calib.items()))
+    if "mono_decode_step_ms" in calib:
+        placement = place(args.devices.split(","), args.producer_devices, args.mono_replicas)
+        p, c = len(placement.producer), len(placement.consumer)
+        if set(placement.producer) & set(placement.consumer):
+            p = c = len(placement.producer)  # one shared device: no bound worth printing
+        for w in wls:
+            if w.name not in ("unique", "multi4"):
+                continue
+            b = capacity_bound(calib, len(w.requests[0].images), sizes.max_tokens, p, c)
+            print(
+                f"capacity bound {w.name}: encoder {b['encode_s'] * 1e3:.0f} ms + rest "
+                f"{b['rest_s'] * 1e3:.0f} ms per request; pool <= {b['pool_rps']:.2f} req/s "
+                f"({p} producer, {c} consumer devices), monolithic <= {b['mono_rps']:.2f}: "
+                f"ratio <= {b['ratio']:.2f}"
+            )
     print_tables(results, cpu)
     distinct = {w.name: len({i for r in w.requests for i in r.images}) for w in wls}
     print("images encoded per workload (vLLM's encoder runs, per server; distinct images):")

@@ -19,6 +19,7 @@ from benchmarks.epd_serving import (
     Sizes,
     Summary,
     Workload,
+    capacity_bound,
     parse_args,
     percentile,
     place,
@@ -220,3 +221,19 @@ def test_client_streams_through_the_router_to_fake_backends() -> None:
     summary = workload_summary("mixed", records)
     assert summary.ttft_p50 > 0
     assert summary.n == len(records)
+
+
+def test_capacity_bound_is_the_encoder_core_against_all_cores() -> None:
+    calib = {
+        "mono_ttft_fresh_image_ms": 200.0,
+        "mono_ttft_cached_image_ms": 20.0,
+        "mono_decode_step_ms": 10.0,
+    }
+    b = capacity_bound(calib, images=4, max_tokens=11, producer=1, consumer=1)
+    assert b["encode_s"] == pytest.approx(0.72)
+    assert b["rest_s"] == pytest.approx(0.12)
+    assert b["pool_rps"] == pytest.approx(1 / 0.72)  # the producer's core is the bottleneck
+    assert b["mono_rps"] == pytest.approx(2 / 0.84)
+    assert b["ratio"] == pytest.approx(0.84 / 1.44)
+    # a split matching E:D lets the pool reach parity, never more
+    assert capacity_bound(calib, 4, 11, producer=6, consumer=1)["ratio"] == pytest.approx(1.0)
