@@ -237,3 +237,18 @@ def test_capacity_bound_is_the_encoder_core_against_all_cores() -> None:
     assert b["ratio"] == pytest.approx(0.84 / 1.44)
     # a split matching E:D lets the pool reach parity, never more
     assert capacity_bound(calib, 4, 11, producer=6, consumer=1)["ratio"] == pytest.approx(1.0)
+
+
+def test_encoder_heavy_variant_keeps_the_width_and_takes_448px(tmp_path: Path) -> None:
+    """The benchmark's model: a bigger vision tower, the same LM and encoder output width."""
+    from e2e.tiny_model import ENCODER_HEAVY, HIDDEN, TINY, build
+
+    out = build(tmp_path / "heavy", ENCODER_HEAVY)
+    config = json.loads((out / "config.json").read_text())
+    vision = config["vision_config"]
+    assert vision["hidden_size"] == config["text_config"]["hidden_size"] == HIDDEN
+    assert vision["depth"] > TINY.vision_depth
+    assert vision["embed_dim"] > TINY.vision_embed_dim
+    assert vision["embed_dim"] // vision["num_heads"] == 64
+    processor = json.loads((out / "processor_config.json").read_text())
+    assert processor["image_processor"]["size"]["longest_edge"] >= 448 * 448
