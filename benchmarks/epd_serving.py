@@ -505,11 +505,12 @@ def place(devices: Sequence[str], producer_devices: int, mono_replicas: Sequence
     One device only: producer and consumer share it (a single GPU, memory split by
     the caller's engine args).
     """
-    devs = tuple(devices)
+    devs: tuple[str, ...] = tuple(devices)
     if not devs:
         raise ValueError("--devices: give at least one device (CPU core or GPU id)")
     if len(devs) == 1:
-        prod, cons = devs, devs
+        prod: tuple[str, ...] = devs
+        cons: tuple[str, ...] = devs
     else:
         if not 1 <= producer_devices < len(devs):
             raise ValueError(
@@ -604,8 +605,9 @@ def build_arms(args: argparse.Namespace, model: Path, work: Path) -> list[Arm]:
     from tests.connector.fixtures import LOGGING_CONFIG
 
     logging_config = work / "logging.json"
-    loggers = {"vllm": LOGGING_CONFIG["loggers"]["vllm"], ENCODER_LOGGER: {"level": "DEBUG"}}
-    formatter = dict(LOGGING_CONFIG["formatters"]["vllm"])
+    base: dict[str, Any] = LOGGING_CONFIG
+    loggers = {"vllm": base["loggers"]["vllm"], ENCODER_LOGGER: {"level": "DEBUG"}}
+    formatter = dict(base["formatters"]["vllm"])
     formatter["format"] = "%(asctime)s " + formatter["format"]
     logging_config.write_text(
         json.dumps({**LOGGING_CONFIG, "formatters": {"vllm": formatter}, "loggers": loggers})
@@ -990,8 +992,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     monos = [a.name for a in arms if a.name.startswith("mono")]
     pools = [a.name for a in arms if a.name.startswith("pool")]
     by_pool = {p: ratios(results, p, monos) for p in pools}
-    for p, r in by_pool.items():
-        print_ratios(p, r)
+    for arm, r in by_pool.items():
+        print_ratios(arm, r)
     baselines = {
         wl: {m: best_baseline({a: per_arm[a] for a in monos}, m)[0] for m in METRICS}
         for wl, per_arm in results.items()
@@ -1021,9 +1023,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         plot(args.plot, by_pool, f"EPD pool / best monolithic layout, {args.device}, equal devices")
     print(f"total {time.perf_counter() - t_start:.0f} s")
     headline = f"pool-{args.headline}"
-    for p in pools:
-        if p != headline:
-            print(result_line(by_pool[p], "RESULT_" + p.removeprefix("pool-").upper()))
+    for arm in pools:
+        if arm != headline:
+            print(result_line(by_pool[arm], "RESULT_" + arm.removeprefix("pool-").upper()))
     print(result_line(by_pool[headline]))
 
 
