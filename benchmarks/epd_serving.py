@@ -880,6 +880,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--concurrency", type=int, default=Sizes.concurrency)
     ap.add_argument("--max-tokens", type=int, default=Sizes.max_tokens)
     ap.add_argument("--decode-tokens", type=int, default=Sizes.decode_tokens)
+    ap.add_argument("--mixed-heavy-images", type=int, default=Sizes.mixed_heavy_images)
+    ap.add_argument("--mixed-gap-s", type=float, default=Sizes.mixed_gap_s)
     ap.add_argument("--engine-args", default="", help="extra `vllm serve` args for every server")
     ap.add_argument("--encoder-width", type=int, default=0, help="default: from config.json")
     ap.add_argument("--store-bytes", type=int, default=1 << 30, help="shared volume capacity")
@@ -948,7 +950,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         args.model = ensure_encoder_heavy_model()
     sizes = Sizes(
-        concurrency=args.concurrency, max_tokens=args.max_tokens, decode_tokens=args.decode_tokens
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        decode_tokens=args.decode_tokens,
+        mixed_heavy_images=args.mixed_heavy_images,
+        mixed_gap_s=args.mixed_gap_s,
     ).scaled(args.scale)
     wls = workloads(sizes)
     work = args.work or Path(tempfile.mkdtemp(prefix="epd-serving-"))
