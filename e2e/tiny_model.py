@@ -10,6 +10,12 @@ two builds give the same bytes and token ids can be compared across runs.
 Shape: text hidden 128 (head_dim 64, which vLLM's CPU attention supports),
 2 layers; vision depth 2, embed 64, merger output 128 = encoder output width.
 A 112x112 image is 8x8 patches of 14 px, 16 LM tokens after the 2x2 merge.
+
+``ENCODER_HEAVY`` is a second variant for serving benchmarks: the same LM and
+tokenizer, but a deeper, wider vision tower and larger images allowed, so
+encoding dominates a request as it does for real VLMs (benchmarks/epd_serving.py).
+Its encoder output width is still ``HIDDEN``. It is cached in a directory of its
+own; the default model's bytes do not change.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +35,30 @@ HIDDEN = 128  # LM hidden size == vision merger output == encoder output width
 MIN_PIXELS = 56 * 56
 MAX_PIXELS = 224 * 224
 SERVED_NAME = "tiny-qwen2vl"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What differs between the built models: the vision tower and the largest image."""
+
+    name: str  # cache directory prefix
+    vision_depth: int = 2
+    vision_embed_dim: int = 64
+    vision_heads: int = 2
+    vision_mlp_ratio: int = 2
+    max_pixels: int = MAX_PIXELS
+
+
+TINY = Variant("tiny-qwen2vl")
+# 448x448 images: 32x32 patches, 256 LM tokens after the merge. Vision head_dim 64.
+ENCODER_HEAVY = Variant(
+    "tiny-qwen2vl-encoder-heavy",
+    vision_depth=4,
+    vision_embed_dim=256,
+    vision_heads=4,
+    vision_mlp_ratio=4,
+    max_pixels=448 * 448,
+)
 
 # Qwen2's pre-tokenizer split; BPE trained on a tiny corpus keeps the vocab small.
 _PRETOKENIZE = (
@@ -129,7 +160,7 @@ def _tokenizer() -> Any:
     return tok
 
 
-def build(out: Path) -> Path:
+def build(out: Path, variant: Variant = TINY) -> Path:
     """Write the model, tokenizer and processor to ``out`` (replaced if present)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -144,7 +175,7 @@ def build(out: Path) -> Path:
 
     tok = _tokenizer()
     ids = {t: tok.convert_tokens_to_ids(t) for t in _SPECIAL}
-    size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
+    size = {"shortest_edge": MIN_PIXELS, "longest_edge": variant.max_pixels}
     patching = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2}
     # Qwen2VLProcessor cannot be built (nor loaded by vLLM) without a video
     # processor, and that needs torchvision.
@@ -182,10 +213,10 @@ def build(out: Path) -> Path:
             "initializer_range": 0.02,
         },
         vision_config={
-            "depth": 2,
-            "embed_dim": 64,
-            "num_heads": 2,
-            "mlp_ratio": 2,
+            "depth": variant.vision_depth,
+            "embed_dim": variant.vision_embed_dim,
+            "num_heads": variant.vision_heads,
+            "mlp_ratio": variant.vision_mlp_ratio,
             "hidden_size": HIDDEN,
             "in_channels": 3,
             "patch_size": 14,
@@ -223,10 +254,10 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def ensure_tiny_model() -> Path:
+def ensure_tiny_model(variant: Variant = TINY) -> Path:
     """Build once per version of this file; later calls return the cached copy."""
     digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
-    out = cache_dir() / "models" / f"tiny-qwen2vl-{digest}"
+    out = cache_dir() / "models" / f"{variant.name}-{digest}"
     if (out / ".complete").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -237,7 +268,7 @@ def ensure_tiny_model() -> Path:
         if (out / ".complete").exists():
             return out
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        build(tmp)
+        build(tmp, variant)
         (tmp / ".complete").touch()
         if out.exists():
             shutil.rmtree(out)
@@ -245,6 +276,15 @@ def ensure_tiny_model() -> Path:
     return out
 
 
+def ensure_encoder_heavy_model() -> Path:
+    """The cached ``ENCODER_HEAVY`` build (the serving benchmark's model)."""
+    return ensure_tiny_model(ENCODER_HEAVY)
+
+
 if __name__ == "__main__":
-    path = build(Path(sys.argv[1])) if len(sys.argv) > 1 else ensure_tiny_model()
+    args = sys.argv[1:]
+    variant = TINY
+    if args and args[0] == "--encoder-heavy":
+        variant, args = ENCODER_HEAVY, args[1:]
+    path = build(Path(args[0]), variant) if args else ensure_tiny_model(variant)
     print(path)
