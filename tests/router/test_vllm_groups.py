@@ -3,10 +3,10 @@ an item of a modality without a group is encoded by the consumer.
 
 Two producers with our shared-volume connector stand for two groups (images, video),
 beside a consumer and a monolithic reference server. "Who encoded" is read from each
-server's DEBUG log (``Finish execute for mm hash X``), as in test_vllm.py. Video items
-themselves are not sent: the routing by modality is the router's, covered for every
-modality with fakes in test_producer_groups.py; here the point is that the real
-engines behind a grouped router give the monolithic answer.
+server's DEBUG log (``Finish execute for mm hash X``), as in test_vllm.py. One request
+holds two images and a tiny video: each goes to its own group's producer, and the
+consumer encodes none of them (routing for audio is covered with fakes in
+test_producer_groups.py: the tiny model has no audio tower).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.media import chat_request, image, token_ids
+from e2e.media import chat_request, image, token_ids, video
 from e2e.vllm_server import VllmServer, base_env, ec_transfer_config, post_json
 from tests.connector.fixtures import LOGGING_CONFIG
 from tests.router.fixtures import (
@@ -102,21 +102,22 @@ def groups(
             s.stop()
 
 
-def test_images_go_to_the_image_group_only(groups: Groups) -> None:
+def test_each_item_goes_to_its_modalitys_group(groups: Groups) -> None:
     router = groups.router(
         {"image": [groups.images.url], "video": [groups.video.url]}, "two-groups"
     ).start()
     try:
-        images = [image(700), image(701)]
-        expected = token_ids(groups.mono.chat(chat_request(*images)))
+        body = chat_request(image(700), video(702), image(701))
+        expected = token_ids(groups.mono.chat(body))
         before = groups.encoded()
-        got = token_ids(post_json(router.url + "/v1/chat/completions", chat_request(*images)))
+        got = token_ids(post_json(router.url + "/v1/chat/completions", body))
         assert got == expected
         after = groups.encoded()
-        assert len(after["images"] - before["images"]) == 2  # the image group encoded both
-        assert after["video"] == before["video"]  # the video group saw none of them
-        assert after["consumer"] == before["consumer"]  # and the consumer loaded them
-        assert router.metric(ITEMS, encoded="remote") == 2
+        assert len(after["images"] - before["images"]) == 2  # the image group: both images
+        assert len(after["video"] - before["video"]) == 1  # the video group: the video
+        assert not (after["images"] - before["images"]) & (after["video"] - before["video"])
+        assert after["consumer"] == before["consumer"]  # and the consumer loaded all three
+        assert router.metric(ITEMS, encoded="remote") == 3
         assert router.metric(ITEMS, encoded="local") == 0
     finally:
         router.stop()
