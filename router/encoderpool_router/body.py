@@ -1,0 +1,183 @@
+"""A client's JSON body: parsed once to be checked, sent on as the client's own bytes.
+
+Re-serialising a body costs far more than parsing it (``json.dumps`` of a
+2 MB base64 image is several times ``json.loads`` of it), and the router
+changes at most one top-level field. So a body that is plain UTF-8 JSON goes
+upstream as the client sent it, with the router's ``ec_transfer_params``
+spliced in before the final ``}``. That is safe only where the consumer reads
+the bytes exactly as the router did: vLLM parses request bodies with Python's
+``json`` (FastAPI's ``Request.json``), the parser used here, and the bytes are
+sent on only when
+
+- they are strict UTF-8 without a BOM (what ``json.loads`` of a ``str`` takes;
+  anything else, e.g. UTF-16, is parsed as before and re-serialised),
+- no object anywhere repeats a key (a parser keeping the first duplicate
+  instead of the last would otherwise see another request than the router
+  checked), and
+- there is no top-level ``ec_transfer_params`` in any spelling (escapes
+  included: the parsed key is compared), since the router owns that field.
+
+Otherwise, or once the router changed anything else (a dropped ``uuid``),
+the parsed body is re-serialised, as it always was.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from encoderpool_connector.contracts import EC_TRANSFER_PARAMS
+
+# What json.loads skips after a document: its WHITESPACE ([ \t\n\r]*).
+_JSON_WS = b" \t\n\r"
+
+
+class _NoteDuplicates:
+    """An ``object_pairs_hook`` that builds dicts as json does and notes a repeated key."""
+
+    __slots__ = ("repeated",)
+
+    def __init__(self) -> None:
+        self.repeated = False
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        d = dict(pairs)
+        if len(d) != len(pairs):
+            self.repeated = True
+        return d
+
+
+class NotAnObject(ValueError):
+    """The body is JSON, but not an object."""
+
+
+class ClientBody:
+    """The parsed body (``data``) and whether ``raw`` may still go upstream as is."""
+
+    __slots__ = ("data", "raw", "utf8", "verbatim")
+
+    def __init__(self, raw: bytes, data: dict[str, Any], verbatim: bool, utf8: bool) -> None:
+        self.raw = raw
+        self.data = data
+        self.verbatim = verbatim
+        self.utf8 = utf8  # raw is strict UTF-8 JSON, parsed as such: string_literal may look
+
+    def literal(self, value: str) -> memoryview | None:
+        """``value``'s JSON literal as it stands in the client's bytes (see ``string_literal``)."""
+        return string_literal(self.raw, value) if self.utf8 else None
+
+    def changed(self) -> None:
+        """The router edited ``data``: from now on it is what goes upstream."""
+        self.verbatim = False
+
+    def upstream(self, params: dict[str, Any] | None = None) -> bytes:
+        """The bytes to send: the client's plus ``params`` as ``ec_transfer_params``,
+        else the parsed body (with ``params``) serialised. ``data`` is never left changed."""
+        if self.verbatim:
+            return self.raw if not params else splice_last_field(self.raw, self.data, params)
+        if not params:
+            return json.dumps(self.data).encode()
+        return json.dumps({**self.data, EC_TRANSFER_PARAMS: params}).encode()
+
+
+def parse(raw: bytes) -> ClientBody:
+    """The body as the router and the consumer will both read it; a client's top-level
+    ``ec_transfer_params`` dropped. ValueError (json's) when it is not JSON,
+    ``NotAnObject`` when it is JSON but not an object."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None:
+        hook = _NoteDuplicates()
+        try:
+            data = json.loads(text, object_pairs_hook=hook)
+        except ValueError:
+            pass
+        else:
+            if not isinstance(data, dict):
+                raise NotAnObject("request body must be a JSON object")
+            verbatim = not hook.repeated and EC_TRANSFER_PARAMS not in data
+            data.pop(EC_TRANSFER_PARAMS, None)
+            return ClientBody(raw, data, verbatim, utf8=True)
+    # Not plain UTF-8 JSON (a BOM, another encoding, or garbage): exactly what the
+    # router always did, json's detection of the encoding included; never sent as is.
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise NotAnObject("request body must be a JSON object")
+    data.pop(EC_TRANSFER_PARAMS, None)
+    return ClientBody(raw, data, verbatim=False, utf8=False)
+
+
+def splice_last_field(raw: bytes, data: dict[str, Any], params: dict[str, Any]) -> bytes:
+    """``raw`` (a JSON object whose parse is ``data``, free of ``ec_transfer_params``)
+    with ``"ec_transfer_params": params`` added as its last member."""
+    end = len(raw.rstrip(_JSON_WS)) - 1
+    if end < 0 or raw[end] != 0x7D:  # "}": json.loads would not have given a dict
+        raise ValueError("not a JSON object")
+    field = json.dumps({EC_TRANSFER_PARAMS: params}).encode()  # b'{"ec_transfer_params": ...}'
+    sep = b"," if data else b""
+    return b"".join((memoryview(raw)[:end], sep, memoryview(field)[1:]))
+
+
+# Long strings only: for short ones serialising is cheaper than looking.
+LITERAL_MIN = 4096
+# At most this many strings before the one looked for are walked past.
+_WALK_BUDGET = 512
+
+
+def string_literal(raw: bytes, value: str) -> memoryview | None:
+    """``value``'s JSON string literal (quotes included) as it stands in ``raw``, so a
+    long string can be copied into another document instead of serialised again.
+
+    ``raw`` must be a valid JSON text in strict UTF-8 (``json.loads`` accepted it).
+    Found only where ``value`` stands unescaped: it holds no ``"`` or backslash, its
+    first occurrence after a ``"`` is followed by ``"``, and that first quote opens a
+    string (counted from the start, escapes included). Such a literal decodes to
+    exactly ``value``, and, being a whole literal of a valid text, holds no control
+    characters. Anything else (an escaped ``/``, a body too full of strings to walk
+    cheaply): None.
+    """
+    if len(value) < LITERAL_MIN or '"' in value or "\\" in value:
+        return None
+    needle = value.encode()
+    at = raw.find(b'"' + needle[:256])
+    end = at + 1 + len(needle)
+    if at < 0 or end >= len(raw) or raw[end] != 0x22 or not raw.startswith(needle, at + 1):
+        return None
+    if not _opens_string(raw, at):
+        return None
+    return memoryview(raw)[at : end + 1]
+
+
+def _opens_string(raw: bytes, at: int) -> bool:
+    """Whether the ``"`` at ``raw[at]`` opens a string of the valid JSON text ``raw``.
+
+    Outside strings a quote always opens one; inside, the next quote not escaped by
+    an odd run of backslashes closes it. Walks string by string (``find``, not byte
+    by byte); False when more than ``_WALK_BUDGET`` strings come first.
+    """
+    i = 0
+    for _ in range(_WALK_BUDGET):
+        start = raw.find(b'"', i, at + 1)  # opens a string (we are outside one)
+        if start == at:
+            return True
+        if start < 0:
+            return False
+        i = start + 1
+        while True:  # the quote that closes it
+            q = raw.find(b'"', i)
+            if q < 0:
+                return False
+            run = q
+            while raw[run - 1] == 0x5C:  # backslashes just before it (inside the string)
+                run -= 1
+            if (q - run) % 2 == 0:
+                break  # not escaped: closes
+            if q == at:
+                return False  # an escaped quote inside a string
+            i = q + 1
+        if q >= at:
+            return False  # raw[at] lies inside this string (or closes it)
+        i = q + 1
+    return False
