@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -80,8 +80,9 @@ class ClientGone(Exception):
 class UpstreamError(Exception):
     """A backend could not be reached or did not answer usably.
 
-    ``eject``: the backend itself looks down (refused, timed out), so it is
-    avoided for a while; an HTTP error answer does not eject (it may be the request's).
+    ``eject``: the backend itself looks down (refused, timed out; a producer's 5xx or
+    answer without params), so it is avoided for a while. A consumer's HTTP error and
+    a producer's 4xx do not eject: they may be the request's own fault.
     """
 
     def __init__(self, kind: str, message: str, eject: bool = False) -> None:
@@ -152,6 +153,9 @@ class Router:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, resolver=self._resolver),
             auto_decompress=False,  # bodies pass through as the backend sent them
+            # One session serves every client: a cookie a backend set must never ride
+            # along on another client's request (and no jar is consulted per request).
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         tasks: list[asyncio.Task[None]] = []
         kube = None
@@ -194,7 +198,7 @@ class Router:
             response: web.StreamResponse = await handler(request)
             return response
         self.metrics.error("unauthorized")
-        rid = request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+        rid = request.headers.get(REQUEST_ID) or os.urandom(16).hex()
         logger.debug("request %s: %s %s without a valid token", rid, request.method, request.path)
         response = _error(
             401, "a valid bearer token is required (Authorization: Bearer <token>)",
@@ -215,7 +219,7 @@ class Router:
 
     async def _handle(self, request: web.Request, path: str, with_body: bool) -> web.StreamResponse:
         """Request id, body, remote encoding, forwarding; one status counted per request."""
-        rid = request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+        rid = request.headers.get(REQUEST_ID) or os.urandom(16).hex()
         code = "500"
         try:
             response = await self._serve(request, path, with_body, rid)
@@ -281,9 +285,27 @@ class Router:
             headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 
+    async def _read(self, request: web.Request) -> bytes:
+        """The body, at most ``max_body_bytes`` (else 413), copied once: aiohttp's
+        ``read`` copies a large body twice (into a bytearray, then into bytes)."""
+        limit = self.settings.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
+        content = request.content
+        content.set_read_chunk_size(limit)  # as aiohttp's read: no pause/resume per 64 KiB
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await content.readany():
+            size += len(chunk)
+            if size > limit:
+                raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
     async def _json_body(self, request: web.Request, rid: str) -> ClientBody | web.Response:
         try:
-            return parse(await request.read())
+            return parse(await self._read(request))
         except NotAnObject as e:
             self.metrics.error("bad_request")
             return _error(400, str(e), "invalid_request_error", rid)
@@ -372,7 +394,8 @@ class Router:
             return "remote", params
         except UpstreamError as e:
             self.metrics.error(e.kind)
-            self._eject(producer)
+            if e.eject:
+                self._eject(producer)
             logger.warning(
                 "request %s: producer %s failed (%s); the consumer encodes the item",
                 rid,
@@ -395,19 +418,27 @@ class Router:
             ) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
-                    raise UpstreamError("producer_error", f"HTTP {resp.status}: {raw[:200]!r}")
+                    # A 4xx is the item's (an undecodable image): ejecting the producer
+                    # for it would let one client's bad item cost every client its encodes.
+                    raise UpstreamError(
+                        "producer_error",
+                        f"HTTP {resp.status}: {raw[:200]!r}",
+                        eject=not 400 <= resp.status < 500,
+                    )
         except TimeoutError:
             raise UpstreamError(
-                "producer_timeout", f"no answer in {self.settings.producer_timeout_s}s"
+                "producer_timeout", f"no answer in {self.settings.producer_timeout_s}s", eject=True
             ) from None
         except aiohttp.ClientError as e:
-            raise UpstreamError("producer_error", repr(e)) from None
+            raise UpstreamError("producer_error", repr(e), eject=True) from None
         try:
             params = json.loads(raw).get(EC_PARAMS)
         except (ValueError, AttributeError):
             params = None
         if not isinstance(params, dict) or not params:
-            raise UpstreamError("producer_error", f"answer without {EC_PARAMS}: {raw[:200]!r}")
+            raise UpstreamError(
+                "producer_error", f"answer without {EC_PARAMS}: {raw[:200]!r}", eject=True
+            )
         self._check_announcements(producer, params, rid)
         return params
 
@@ -569,7 +600,9 @@ def build_app(router: Router) -> web.Application:
     """The API application; run it with ``handler_cancellation=True``. No /metrics here:
     ``build_metrics_app`` serves them on their own port."""
     app = web.Application(
-        client_max_size=router.settings.max_body_bytes, middlewares=[router.authenticate]
+        client_max_size=router.settings.max_body_bytes,
+        # Without client tokens the middleware would only pass every request through.
+        middlewares=[router.authenticate] if router.tokens is not None else [],
     )
     app.cleanup_ctx.append(router.lifespan)
     app.router.add_post(CHAT_PATH, router.chat)
