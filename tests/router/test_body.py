@@ -288,3 +288,88 @@ def test_a_client_string_equal_to_the_marker_falls_back_to_serialising() -> None
     part = b.data["messages"][1]["content"][1]
     out = encoder_request_bytes(b.data, part, b.literal)
     assert json.loads(out) == encoder_request(b.data, part)
+
+
+# --- long values cut out of json's scan ------------------------------------------------------
+
+
+@pytest.fixture
+def short_long_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every string of 2+ characters counts as long: the random documents exercise the cut."""
+    monkeypatch.setattr(body_mod, "LONG_VALUE", 2)
+
+
+@pytest.mark.usefixtures("short_long_values")
+def test_random_documents_parse_as_json_parses_them_with_long_values_cut_out() -> None:
+    rng = random.Random(16)  # noqa: S311
+    cut = 0
+    for i in range(1500):
+        doc = {_random_key(rng): _random_value(rng, 0) for _ in range(1 + rng.randrange(5))}
+        raw = json.dumps(
+            doc,
+            ensure_ascii=rng.random() < 0.5,
+            indent=rng.choice([None, 0, 2, "\t"]),
+            separators=rng.choice([None, (",", ":"), (" ,\n", " :  ")]),
+        ).encode()
+        text = raw.decode()
+        cut += bool(body_mod._long_values(text))
+        b = parse(raw)
+        assert b.data == {k: v for k, v in json.loads(raw).items() if k != EC}, (i, raw)
+        assert b.verbatim == (EC not in doc), (i, raw)
+    assert cut > 150  # the cut was taken, not only the fallback
+
+
+@pytest.mark.usefixtures("short_long_values")
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": "xy", "a": "zw"}',  # repeated, cut both times: still noted
+        b'{"k": ["list", "of", "strings"], "v": {"w": "nested"}}',  # in lists: json's
+        b'{"xyz": 1, "esc": "a\\"b", "bs": "a\\\\", "u": "\\u00e9t\\u00e9"}',
+        b'{"s": "caf\xc3\xa9 \xf0\x9f\x98\x80", "t" :\n\t "spaced"}',
+    ],
+)
+def test_cut_and_put_back_equals_json(raw: bytes) -> None:
+    b = parse(raw)
+    assert b.data == json.loads(raw)
+    assert b.verbatim == (b'"a"' not in raw)
+
+
+@pytest.mark.usefixtures("short_long_values")
+def test_a_client_cannot_spell_the_stand_in() -> None:
+    """A value that looks like a stand-in of another process is the client's text."""
+    fake = "\u0000encoderpool-long-0000000000000000-0"
+    raw = json.dumps({"a": fake, "b": "real value"}).encode()
+    assert parse(raw).data == {"a": fake, "b": "real value"}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": "' + b"\\\\" * 100 + b'", "b": "' + b"x" * 70_000 + b'"}',  # a long run
+        b'{"a": [' + b'"s",' * 5000 + b'"t"], "b": "' + b"x" * 70_000 + b'"}',  # many strings
+        b'{"a":' + b" " * 100 + b'"' + b"x" * 70_000 + b'"}',  # much whitespace before
+    ],
+)
+def test_bodies_built_to_make_the_walk_long_are_parsed_by_json(raw: bytes) -> None:
+    assert body_mod._long_values(raw.decode()) == []
+    assert parse(raw).data == json.loads(raw)
+
+
+def test_a_long_value_with_a_raw_control_character_is_the_consumers_to_refuse() -> None:
+    """The one difference from json, on purpose: not looked for inside a long value.
+    json (the consumer's parser) refuses the very bytes the router would send on."""
+    raw = b'{"a": "' + b"x" * 70_000 + b'\x01"}'
+    b = parse(raw)
+    assert b.verbatim
+    with pytest.raises(ValueError, match="Invalid control character"):
+        json.loads(b.upstream(PARAMS))
+
+
+def test_a_large_image_body_is_cut_and_equals_json() -> None:
+    url = long_url(2_000_000)
+    raw = json.dumps(chat(url)).encode()
+    text = raw.decode()
+    (span,) = body_mod._long_values(text)
+    assert text[span[0] : span[1]] == url
+    assert parse(raw).data == json.loads(raw)
