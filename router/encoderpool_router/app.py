@@ -241,6 +241,9 @@ class Router:
             self.metrics.error("client_disconnect")
             logger.info("request %s: the client went away; upstream work cancelled", rid)
             raise
+        except web.HTTPException as e:  # aiohttp answers it (413: a body over the limit)
+            code = str(e.status)
+            raise
         finally:
             self.metrics.request(path, code)
 

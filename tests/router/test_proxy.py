@@ -689,7 +689,10 @@ def test_a_repeated_url_key_cannot_smuggle_a_private_address_past_the_check() ->
 def test_a_body_over_the_limit_is_a_413_and_goes_nowhere() -> None:
     async def scenario() -> None:
         c = FakeBackend("consumer")
-        async with fakes(c) as (curl,), router_at([], [curl], max_body_bytes=4096) as (_, url):
+        async with (
+            fakes(c) as (curl,),
+            router_at([], [curl], max_body_bytes=4096) as (router, url),
+        ):
             big = {"messages": [], "pad": "x" * 5000}
             async with aiohttp.ClientSession() as s:
                 async with s.post(url + "/v1/chat/completions", json=big) as r:
@@ -704,6 +707,8 @@ def test_a_body_over_the_limit_is_a_413_and_goes_nowhere() -> None:
                     assert r.status == 413
             status, _, _ = await post(url + "/v1/chat/completions", {"messages": []})
             assert status == 200
+            counted = {"endpoint": "/v1/chat/completions", "code": "413"}
+            assert sample(router, "encoderpool_router_requests_total", **counted) == 2
         assert len(c.seen) == 1
 
     run(scenario())
