@@ -19,6 +19,10 @@ sent on only when
 
 Otherwise, or once the router changed anything else (a dropped ``uuid``),
 the parsed body is re-serialised, as it always was.
+
+Two more savings for large images: json's character-by-character scan skips
+long string values (``_loads``), and a producer request copies a long URL's
+literal from the client's bytes (``string_literal``) instead of serialising it.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ class _Objects:
         self.put_back = 0
 
     def reset(self) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.repeated = False
+        self.long = {}
+        self.put_back = 0
 
     def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         if self.long:
