@@ -66,6 +66,11 @@ CHAT_PATH = "/v1/chat/completions"
 EC_PARAMS = EC_TRANSFER_PARAMS
 _JSON = "application/json"
 _ABSENT = object()
+# Idle upstream connections are dropped before vLLM drops them (uvicorn's keep-alive,
+# VLLM_HTTP_TIMEOUT_KEEP_ALIVE, is 5 s): reusing one that vLLM is closing at that moment
+# fails the request ("connection reset"), which ejected a healthy producer or retried a
+# consumer without params after every lull of 5-30 s.
+UPSTREAM_KEEPALIVE_S = 4.0
 # Open without a client token: what the kubelet's probes call.
 PROBE_PATHS = frozenset({"/health", "/livez"})
 
@@ -152,7 +157,9 @@ class Router:
     async def lifespan(self, app: web.Application) -> AsyncIterator[None]:
         """Open the upstream session and start watching EndpointSlices; undo both."""
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, resolver=self._resolver),
+            connector=aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S, resolver=self._resolver
+            ),
             auto_decompress=False,  # bodies pass through as the backend sent them
             # One session serves every client: a cookie a backend set must never ride
             # along on another client's request (and no jar is consulted per request).
