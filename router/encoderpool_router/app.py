@@ -19,10 +19,11 @@ own (``metrics_lifespan``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -40,10 +41,11 @@ from encoderpool_router.backends import (
     kube_client,
     producer_groups,
 )
+from encoderpool_router.body import ClientBody, NotAnObject, parse
 from encoderpool_router.config import RouterSettings
 from encoderpool_router.media import (
     MODALITY,
-    encoder_request,
+    encoder_request_bytes,
     media_items,
     media_key,
     media_url,
@@ -65,6 +67,12 @@ CHAT_PATH = "/v1/chat/completions"
 # can point a consumer at producer memory or at cache entries of its choosing.
 EC_PARAMS = EC_TRANSFER_PARAMS
 _JSON = "application/json"
+_ABSENT = object()
+# Idle upstream connections are dropped before vLLM drops them (uvicorn's keep-alive,
+# VLLM_HTTP_TIMEOUT_KEEP_ALIVE, is 5 s): reusing one that vLLM is closing at that moment
+# fails the request ("connection reset"), which ejected a healthy producer or retried a
+# consumer without params after every lull of 5-30 s.
+UPSTREAM_KEEPALIVE_S = 4.0
 # Open without a client token: what the kubelet's probes call.
 PROBE_PATHS = frozenset({"/health", "/livez"})
 
@@ -80,8 +88,9 @@ class ClientGone(Exception):
 class UpstreamError(Exception):
     """A backend could not be reached or did not answer usably.
 
-    ``eject``: the backend itself looks down (refused, timed out), so it is
-    avoided for a while; an HTTP error answer does not eject (it may be the request's).
+    ``eject``: the backend itself looks down (refused, timed out; a producer's 5xx or
+    answer without params), so it is avoided for a while. A consumer's HTTP error and
+    a producer's 4xx do not eject: they may be the request's own fault.
     """
 
     def __init__(self, kind: str, message: str, eject: bool = False) -> None:
@@ -119,6 +128,12 @@ class Router:
             RecentlyEncoded(settings.reuse_encoded_s) if settings.reuse_encoded_s else None
         )
         self._session: aiohttp.ClientSession | None = None
+        self._producer_timeout = aiohttp.ClientTimeout(total=settings.producer_timeout_s)
+        self._consumer_timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=settings.consumer_connect_timeout_s,
+            sock_read=settings.consumer_read_timeout_s,
+        )
         self._producer_slots = asyncio.Semaphore(settings.max_producer_requests)
         self.tokens: TokenFile | None = None
         if settings.auth_token_file is not None:
@@ -146,8 +161,13 @@ class Router:
     async def lifespan(self, app: web.Application) -> AsyncIterator[None]:
         """Open the upstream session and start watching EndpointSlices; undo both."""
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, resolver=self._resolver),
+            connector=aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S, resolver=self._resolver
+            ),
             auto_decompress=False,  # bodies pass through as the backend sent them
+            # One session serves every client: a cookie a backend set must never ride
+            # along on another client's request (and no jar is consulted per request).
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         tasks: list[asyncio.Task[None]] = []
         kube = None
@@ -167,6 +187,11 @@ class Router:
                 )
                 self.watchers.append(w)
                 tasks.append(asyncio.create_task(w.run(), name=f"watch-{service}"))
+        # Everything made at start-up (modules, settings, the Kubernetes client) lives as
+        # long as the process: out of the collector's sight, a full collection no longer
+        # walks it, which showed as multi-millisecond pauses in the latency tail.
+        gc.collect()  # garbage first: what is frozen is never collected
+        gc.freeze()
         try:
             yield
         finally:
@@ -190,7 +215,7 @@ class Router:
             response: web.StreamResponse = await handler(request)
             return response
         self.metrics.error("unauthorized")
-        rid = request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+        rid = request.headers.get(REQUEST_ID) or os.urandom(16).hex()
         logger.debug("request %s: %s %s without a valid token", rid, request.method, request.path)
         response = _error(
             401, "a valid bearer token is required (Authorization: Bearer <token>)",
@@ -211,7 +236,7 @@ class Router:
 
     async def _handle(self, request: web.Request, path: str, with_body: bool) -> web.StreamResponse:
         """Request id, body, remote encoding, forwarding; one status counted per request."""
-        rid = request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+        rid = request.headers.get(REQUEST_ID) or os.urandom(16).hex()
         code = "500"
         try:
             response = await self._serve(request, path, with_body, rid)
@@ -227,20 +252,23 @@ class Router:
             self.metrics.error("client_disconnect")
             logger.info("request %s: the client went away; upstream work cancelled", rid)
             raise
+        except web.HTTPException as e:  # aiohttp answers it (413: a body over the limit)
+            code = str(e.status)
+            raise
         finally:
-            self.metrics.requests.labels(path, code).inc()
+            self.metrics.request(path, code)
 
     async def _serve(
         self, request: web.Request, path: str, with_body: bool, rid: str
     ) -> web.StreamResponse:
-        body: dict[str, Any] | None = None
+        body: ClientBody | None = None
+        params: dict[str, Any] = {}
         if with_body:
-            parsed = await self._json_body(request, rid)
+            parsed = await self._json_body(request, rid)  # a client's ec_transfer_params dropped
             if isinstance(parsed, web.Response):
                 return parsed
             body = parsed
-            body.pop(EC_PARAMS, None)
-            items = media_items(body) if path == CHAT_PATH else []
+            items = media_items(body.data) if path == CHAT_PATH else []
             limits = self.settings
             if too_many := over_limits(
                 items, limits.max_items_per_request, limits.limit_mm_per_prompt
@@ -249,15 +277,14 @@ class Router:
                 return _error(400, too_many, "invalid_request_error", rid)
             if not limits.trust_client_media_ids:
                 for part in items:  # an item is what its bytes are, never what a client says
-                    part.pop("uuid", None)
+                    if part.pop("uuid", _ABSENT) is not _ABSENT:
+                        body.changed()
             if refused := await self._refused_media(items):
                 self.metrics.error("media_url_refused")
                 return _error(400, refused, "invalid_request_error", rid)
             if items:
                 params = await self._encode_remotely(body, items, rid)
-                if params:
-                    body[EC_PARAMS] = params
-        return await self._forward(request, path, body, rid)
+        return await self._forward(request, path, body, params, rid)
 
     async def health(self, request: web.Request) -> web.Response:
         """Ready when a consumer is known: producers are an optimisation, consumers are not."""
@@ -279,16 +306,33 @@ class Router:
             headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 
-    async def _json_body(self, request: web.Request, rid: str) -> dict[str, Any] | web.Response:
+    async def _read(self, request: web.Request) -> bytes:
+        """The body, at most ``max_body_bytes`` (else 413), copied once: aiohttp's
+        ``read`` copies a large body twice (into a bytearray, then into bytes)."""
+        limit = self.settings.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
+        content = request.content
+        content.set_read_chunk_size(limit)  # as aiohttp's read: no pause/resume per 64 KiB
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await content.readany():
+            size += len(chunk)
+            if size > limit:
+                raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _json_body(self, request: web.Request, rid: str) -> ClientBody | web.Response:
         try:
-            body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as e:
+            return parse(await self._read(request))
+        except NotAnObject as e:
+            self.metrics.error("bad_request")
+            return _error(400, str(e), "invalid_request_error", rid)
+        except ValueError as e:  # UnicodeDecodeError included
             self.metrics.error("bad_request")
             return _error(400, f"request body is not JSON: {e}", "invalid_request_error", rid)
-        if not isinstance(body, dict):
-            self.metrics.error("bad_request")
-            return _error(400, "request body must be a JSON object", "invalid_request_error", rid)
-        return body
 
     # --- producers ----------------------------------------------------------------
 
@@ -307,35 +351,39 @@ class Router:
         return None
 
     async def _encode_remotely(
-        self, body: dict[str, Any], items: list[dict[str, Any]], rid: str
+        self, body: ClientBody, items: list[dict[str, Any]], rid: str
     ) -> dict[str, Any]:
         """Each distinct item to a producer, at most ``max_encodes_per_request`` at once
         (a repeated item is encoded once); the merged params of those that answered."""
         by_key: dict[bytes, dict[str, Any]] = {}
         for part in items:
             by_key.setdefault(media_key(part), part)
-        distinct = list(by_key.values())
-        if len(items) > len(distinct):
-            self.metrics.items.labels("duplicate").inc(len(items) - len(distinct))
-        mine = asyncio.Semaphore(self.settings.max_encodes_per_request)
+        if len(items) > len(by_key):
+            self.metrics.items_by["duplicate"].inc(len(items) - len(by_key))
+        if len(by_key) == 1:  # the common case: no semaphore, no gather
+            ((key, part),) = by_key.items()
+            results = [await self._encode_one(body, part, key, f"{rid}-enc0")]
+        else:
+            mine = asyncio.Semaphore(self.settings.max_encodes_per_request)
 
-        async def one(i: int, part: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-            async with mine:
-                return await self._encode_one(body, part, f"{rid}-enc{i}")
+            async def one(i: int, key: bytes, part: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+                async with mine:
+                    return await self._encode_one(body, part, key, f"{rid}-enc{i}")
 
-        results = await asyncio.gather(*(one(i, part) for i, part in enumerate(distinct)))
+            results = await asyncio.gather(
+                *(one(i, key, part) for i, (key, part) in enumerate(by_key.items()))
+            )
         merged: dict[str, Any] = {}
         for where, params in results:
-            self.metrics.items.labels(where).inc()
+            self.metrics.items_by[where].inc()
             merged.update(params)
         return merged
 
     async def _encode_one(
-        self, body: dict[str, Any], part: dict[str, Any], rid: str
+        self, body: ClientBody, part: dict[str, Any], key: bytes, rid: str
     ) -> tuple[str, dict[str, Any]]:
         """One item on one producer: ("remote", its params); ("local", {}) on any failure
         (the consumer encodes it); ("reused", {}) when a producer encoded it moments ago."""
-        key = media_key(part)
         if self.groups.for_modality(MODALITY[str(part["type"])]) is None:
             return "local", {}  # no producer group for its modality: the consumer encodes it
         if self.recent is not None and self.recent.fresh(key):
@@ -351,7 +399,7 @@ class Router:
             self._producer_slots.release()
 
     async def _encode_on_producer(
-        self, body: dict[str, Any], part: dict[str, Any], key: bytes, rid: str
+        self, body: ClientBody, part: dict[str, Any], key: bytes, rid: str
     ) -> tuple[str, dict[str, Any]]:
         group = self.groups.for_modality(MODALITY[str(part["type"])])
         backends = group.backends if group is not None else []
@@ -361,15 +409,18 @@ class Router:
             return "local", {}
         start = time.perf_counter()
         producer.in_flight += 1
-        self.metrics.in_flight.labels("producer").inc()
+        self.metrics.producers_in_flight.inc()
         try:
-            params = await self._post_producer(producer, encoder_request(body, part), rid)
+            params = await self._post_producer(
+                producer, encoder_request_bytes(body.data, part, body.literal), rid
+            )
             if self.recent is not None:
                 self.recent.add(key)
             return "remote", params
         except UpstreamError as e:
             self.metrics.error(e.kind)
-            self._eject(producer)
+            if e.eject:
+                self._eject(producer)
             logger.warning(
                 "request %s: producer %s failed (%s); the consumer encodes the item",
                 rid,
@@ -379,35 +430,40 @@ class Router:
             return "local", {}
         finally:
             producer.in_flight -= 1
-            self.metrics.in_flight.labels("producer").dec()
+            self.metrics.producers_in_flight.dec()
             self.metrics.producer_latency.observe(time.perf_counter() - start)
 
-    async def _post_producer(
-        self, producer: Backend, req: dict[str, Any], rid: str
-    ) -> dict[str, Any]:
-        timeout = aiohttp.ClientTimeout(total=self.settings.producer_timeout_s)
+    async def _post_producer(self, producer: Backend, req: bytes, rid: str) -> dict[str, Any]:
         try:
             async with self.session.post(
                 producer.url + CHAT_PATH,
-                data=json.dumps(req),
+                data=req,
                 headers={"Content-Type": _JSON, REQUEST_ID: rid, **self._upstream_auth},
-                timeout=timeout,
+                timeout=self._producer_timeout,
             ) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
-                    raise UpstreamError("producer_error", f"HTTP {resp.status}: {raw[:200]!r}")
+                    # A 4xx is the item's (an undecodable image): ejecting the producer
+                    # for it would let one client's bad item cost every client its encodes.
+                    raise UpstreamError(
+                        "producer_error",
+                        f"HTTP {resp.status}: {raw[:200]!r}",
+                        eject=not 400 <= resp.status < 500,
+                    )
         except TimeoutError:
             raise UpstreamError(
-                "producer_timeout", f"no answer in {self.settings.producer_timeout_s}s"
+                "producer_timeout", f"no answer in {self.settings.producer_timeout_s}s", eject=True
             ) from None
         except aiohttp.ClientError as e:
-            raise UpstreamError("producer_error", repr(e)) from None
+            raise UpstreamError("producer_error", repr(e), eject=True) from None
         try:
             params = json.loads(raw).get(EC_PARAMS)
         except (ValueError, AttributeError):
             params = None
         if not isinstance(params, dict) or not params:
-            raise UpstreamError("producer_error", f"answer without {EC_PARAMS}: {raw[:200]!r}")
+            raise UpstreamError(
+                "producer_error", f"answer without {EC_PARAMS}: {raw[:200]!r}", eject=True
+            )
         self._check_announcements(producer, params, rid)
         return params
 
@@ -440,9 +496,15 @@ class Router:
     # --- consumers ----------------------------------------------------------------
 
     async def _forward(
-        self, request: web.Request, path: str, body: dict[str, Any] | None, rid: str
+        self,
+        request: web.Request,
+        path: str,
+        body: ClientBody | None,
+        params: dict[str, Any],
+        rid: str,
     ) -> web.StreamResponse:
         """Send to a consumer, retrying a failure on another; relay its answer."""
+        data = body.upstream(params) if body is not None else None
         tried: list[Backend] = []
         attempts = 1 + self.settings.consumer_retries
         last = ""
@@ -453,14 +515,15 @@ class Router:
                 return _error(503, "no consumer is available", "service_unavailable", rid)
             if attempt:
                 self.metrics.consumer_retries.inc()
-                if body is not None and EC_PARAMS in body:
+                if body is not None and params:
                     # What the first consumer could not obtain must not fail the
                     # retry: without params the next one loads what it finds, or encodes.
-                    body = {k: v for k, v in body.items() if k != EC_PARAMS}
+                    params = {}
+                    data = body.upstream()
             tried.append(consumer)
             try:
                 return await self._try_consumer(
-                    request, consumer, path, body, rid, last_try=attempt == attempts - 1
+                    request, consumer, path, data, rid, last_try=attempt == attempts - 1
                 )
             except UpstreamError as e:
                 self.metrics.error(e.kind)
@@ -475,36 +538,31 @@ class Router:
         request: web.Request,
         consumer: Backend,
         path: str,
-        body: dict[str, Any] | None,
+        data: bytes | None,
         rid: str,
         last_try: bool,
     ) -> web.StreamResponse:
-        s = self.settings
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            sock_connect=s.consumer_connect_timeout_s,
-            sock_read=s.consumer_read_timeout_s,
-        )
+        timeout = self._consumer_timeout
         headers = {REQUEST_ID: rid, **self._upstream_auth}
         start = time.perf_counter()
         consumer.in_flight += 1
-        self.metrics.in_flight.labels("consumer").inc()
+        self.metrics.consumers_in_flight.inc()
         try:
             try:
-                if body is None:
+                if data is None:
                     resp = await self.session.get(
                         consumer.url + path, headers=headers, timeout=timeout
                     )
                 else:
                     headers["Content-Type"] = _JSON
                     resp = await self.session.post(
-                        consumer.url + path, data=json.dumps(body), headers=headers, timeout=timeout
+                        consumer.url + path, data=data, headers=headers, timeout=timeout
                     )
             except TimeoutError:
                 raise UpstreamError("consumer_timeout", "no answer in time", eject=True) from None
             except aiohttp.ClientError as e:
                 raise UpstreamError("consumer_error", f"unreachable: {e}", eject=True) from None
-            self.metrics.consumer_latency.labels("first_byte").observe(time.perf_counter() - start)
+            self.metrics.consumer_first_byte.observe(time.perf_counter() - start)
             try:
                 if resp.status >= 500 and not last_try:
                     text = await resp.text(errors="replace")
@@ -514,8 +572,8 @@ class Router:
                 resp.close()  # a no-op once fully read; otherwise vLLM sees the disconnect
         finally:
             consumer.in_flight -= 1
-            self.metrics.in_flight.labels("consumer").dec()
-            self.metrics.consumer_latency.labels("total").observe(time.perf_counter() - start)
+            self.metrics.consumers_in_flight.dec()
+            self.metrics.consumer_total.observe(time.perf_counter() - start)
 
     async def _relay(
         self, request: web.Request, resp: aiohttp.ClientResponse, rid: str
@@ -567,7 +625,9 @@ def build_app(router: Router) -> web.Application:
     """The API application; run it with ``handler_cancellation=True``. No /metrics here:
     ``build_metrics_app`` serves them on their own port."""
     app = web.Application(
-        client_max_size=router.settings.max_body_bytes, middlewares=[router.authenticate]
+        client_max_size=router.settings.max_body_bytes,
+        # Without client tokens the middleware would only pass every request through.
+        middlewares=[router.authenticate] if router.tokens is not None else [],
     )
     app.cleanup_ctx.append(router.lifespan)
     app.router.add_post(CHAT_PATH, router.chat)

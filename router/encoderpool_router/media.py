@@ -6,6 +6,7 @@ import hashlib
 import ipaddress
 import json
 import socket
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -122,13 +123,14 @@ def media_key(part: dict[str, Any]) -> bytes:
     """
     uuid = part.get("uuid")
     if isinstance(uuid, str) and uuid:
-        return hashlib.blake2b(b"uuid\0" + uuid.encode(), digest_size=16).digest()
+        return hashlib.sha256(b"uuid\0" + uuid.encode()).digest()[:16]
     payload = part.get(str(part.get("type")))
     if isinstance(payload, dict) and isinstance(payload.get("url"), str):
         data = payload["url"].encode()
     else:
         data = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.blake2b(data, digest_size=16).digest()
+    # SHA-256, not BLAKE2: CPUs hash it in hardware (SHA-NI), 2-3x faster for a 2 MB image.
+    return hashlib.sha256(data).digest()[:16]
 
 
 def encoder_request(body: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
@@ -144,3 +146,27 @@ def encoder_request(body: dict[str, Any], part: dict[str, Any]) -> dict[str, Any
         if name in body:
             req[name] = body[name]
     return req
+
+
+def encoder_request_bytes(
+    body: dict[str, Any],
+    part: dict[str, Any],
+    literal: Callable[[str], memoryview | None] | None = None,
+) -> bytes:
+    """``encoder_request`` serialised. A long media URL (a data: URL of a large image)
+    is not serialised again: ``literal`` finds its JSON literal in the client's bytes
+    (``body.string_literal``) and that is copied in, once."""
+    req = encoder_request(body, part)
+    url = media_url(part)
+    found = literal(url) if literal is not None and url is not None else None
+    if found is None:
+        return json.dumps(req).encode()
+    kind = str(part["type"])
+    marker = "\u0000encoderpool-url\u0000"
+    stub = {**part, kind: {**part[kind], "url": marker}}
+    text = json.dumps({**req, "messages": [{"role": "user", "content": [stub]}]}).encode()
+    quoted = json.dumps(marker).encode()
+    if text.count(quoted) != 1:  # the marker spelled elsewhere too (a client's key or value)
+        return json.dumps(req).encode()
+    head, _, tail = text.partition(quoted)
+    return b"".join((head, found, tail))

@@ -3,6 +3,8 @@ run several routers in one process)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Every error kind the router counts; pre-created so dashboards see zeros, not gaps.
@@ -72,11 +74,24 @@ class RouterMetrics:
             ["role"],
             registry=r,
         )
-        for kind in ERROR_KINDS:
-            self.errors.labels(kind)
-        for where in ("remote", "local", "reused", "duplicate"):
-            self.items.labels(where)
+        # Children bound once (pre-created, so dashboards see zeros, not gaps): ``labels()``
+        # takes a lock and hashes the label values on every call, which the hot path skips.
+        self._errors = {kind: self.errors.labels(kind) for kind in ERROR_KINDS}
+        self.items_by = {
+            where: self.items.labels(where) for where in ("remote", "local", "reused", "duplicate")
+        }
+        self.producers_in_flight = self.in_flight.labels("producer")
+        self.consumers_in_flight = self.in_flight.labels("consumer")
+        self.consumer_first_byte = self.consumer_latency.labels("first_byte")
+        self.consumer_total = self.consumer_latency.labels("total")
+        self._requests: dict[tuple[str, str], Any] = {}
 
     def error(self, kind: str) -> None:
-        assert kind in ERROR_KINDS, kind
-        self.errors.labels(kind).inc()
+        self._errors[kind].inc()  # KeyError: a kind missing from ERROR_KINDS
+
+    def request(self, endpoint: str, code: str) -> None:
+        """Count one client request (endpoints and codes are few: children are kept)."""
+        child = self._requests.get((endpoint, code))
+        if child is None:
+            child = self._requests[(endpoint, code)] = self.requests.labels(endpoint, code)
+        child.inc()

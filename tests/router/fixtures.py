@@ -82,6 +82,7 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: dict[str, Any] | None
+    raw: bytes = b""  # the body's bytes as they arrived
 
 
 @dataclass
@@ -116,9 +117,10 @@ class FakeBackend:
         return web.json_response({"object": "list", "data": [{"id": self.name}]})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        raw = await request.read()
+        body = json.loads(raw)
         self.seen.append(
-            Seen(request.path, {k.lower(): v for k, v in request.headers.items()}, body)
+            Seen(request.path, {k.lower(): v for k, v in request.headers.items()}, body, raw)
         )
         try:
             if self.delay_s:
@@ -223,6 +225,7 @@ class RouterProcess:
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)  # e.g. the backend key
+    cpus: str | None = None  # pin with taskset (benchmarks), e.g. "0"
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -231,9 +234,11 @@ class RouterProcess:
 
     def start(self, timeout: float = 30.0) -> RouterProcess:
         env = {**base_env(), **self.env}
+        pin = ["taskset", "-c", self.cpus] if self.cpus is not None else []
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
+                    *pin,
                     sys.executable,
                     "-m",
                     "encoderpool_router",

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from e2e.media import chat_request, image, media_parts
+from e2e.media import chat_request, data_url, image, media_parts
 from encoderpool_router.app import Router, build_metrics_app
 from tests.router.fixtures import FakeBackend, fake_mm_hash, fakes, router_at, run, serve
 from tests.waiting import async_wait_until
@@ -607,3 +607,128 @@ def test_a_client_s_media_uuid_never_reaches_vllm_unless_trusted() -> None:
     producer_bodies, consumer_body = run(scenario(trust=True))
     assert "shared-id" in json.dumps(producer_bodies)
     assert "shared-id" in json.dumps(consumer_body)
+
+
+def test_the_consumer_gets_the_clients_own_bytes_with_the_params_last() -> None:
+    """No re-serialisation on the hot path: the client's spelling, spacing and key
+    order reach the consumer byte for byte, the router's params appended."""
+    body = chat_request(image(1), text='caf\u00e9 \u2028 "quoted"')
+    raw = json.dumps(body, indent=1, ensure_ascii=True).encode() + b"\n"
+
+    async def scenario() -> None:
+        p, c = FakeBackend("producer"), FakeBackend("consumer")
+        async with (
+            fakes(p, c) as (purl, curl),
+            router_at([purl], [curl]) as (_, url),
+            aiohttp.ClientSession() as s,
+            s.post(
+                url + "/v1/chat/completions", data=raw, headers={"Content-Type": "application/json"}
+            ) as r,
+        ):
+            assert r.status == 200, await r.text()
+        (seen,) = c.seen
+        assert seen.raw.startswith(raw.rstrip()[:-1])
+        assert seen.body is not None
+        assert list(seen.body) == [*body, "ec_transfer_params"]
+        assert seen.body["ec_transfer_params"] == {
+            fake_mm_hash(media_parts(body)[0]): {"by": "producer"}
+        }
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"messages": [], "ec\\u005ftransfer_params": {"evil": {"addr": 1}}}',
+        b'{"ec_transfer_params": {"evil": 1}, "messages": [], "ec_transfer_params": {"evil": 2}}',
+    ],
+)
+def test_a_clients_ec_transfer_params_are_dropped_in_any_spelling(raw: bytes) -> None:
+    async def scenario() -> None:
+        c = FakeBackend("consumer")
+        async with (
+            fakes(c) as (curl,),
+            router_at([], [curl]) as (_, url),
+            aiohttp.ClientSession() as s,
+            s.post(url + "/v1/chat/completions", data=raw) as r,
+        ):
+            assert r.status == 200
+            out = await r.json()
+        assert out["ec_transfer_params_seen"] is None
+        assert b"evil" not in c.seen[0].raw
+
+    run(scenario())
+
+
+def test_a_repeated_url_key_cannot_smuggle_a_private_address_past_the_check() -> None:
+    """The router checks the URL json keeps (the last); the consumer must get that one
+    alone, whatever its parser would do with repeated keys."""
+    raw = (
+        b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url",'
+        b' "image_url": {"url": "http://169.254.169.254/latest", "url": "'
+        + data_url(image(1)).encode()
+        + b'"}}]}]}'
+    )
+
+    async def scenario() -> None:
+        c = FakeBackend("consumer")
+        async with (
+            fakes(c) as (curl,),
+            router_at([], [curl]) as (_, url),
+            aiohttp.ClientSession() as s,
+            s.post(url + "/v1/chat/completions", data=raw) as r,
+        ):
+            assert r.status == 200
+        (seen,) = c.seen
+        assert b"169.254" not in seen.raw
+
+    run(scenario())
+
+
+def test_a_body_over_the_limit_is_a_413_and_goes_nowhere() -> None:
+    async def scenario() -> None:
+        c = FakeBackend("consumer")
+        async with (
+            fakes(c) as (curl,),
+            router_at([], [curl], max_body_bytes=4096) as (router, url),
+        ):
+            big = {"messages": [], "pad": "x" * 5000}
+            async with aiohttp.ClientSession() as s:
+                async with s.post(url + "/v1/chat/completions", json=big) as r:
+                    assert r.status == 413
+
+                async def chunks() -> Any:  # no Content-Length: the limit holds while reading
+                    for _ in range(5):
+                        yield b" " * 1024
+                    yield b"{}"
+
+                async with s.post(url + "/v1/chat/completions", data=chunks()) as r:
+                    assert r.status == 413
+            status, _, _ = await post(url + "/v1/chat/completions", {"messages": []})
+            assert status == 200
+            counted = {"endpoint": "/v1/chat/completions", "code": "413"}
+            assert sample(router, "encoderpool_router_requests_total", **counted) == 2
+        assert len(c.seen) == 1
+
+    run(scenario())
+
+
+def test_a_producer_refusing_an_item_is_not_ejected() -> None:
+    """A 4xx is the item's fault (an undecodable image): the next client's items still
+    go to that producer."""
+
+    async def scenario() -> None:
+        p, c = FakeBackend("producer", mode="bad_request"), FakeBackend("consumer")
+        async with fakes(p, c) as (purl, curl), router_at([purl], [curl]) as (router, url):
+            status, out, _ = await post(url + "/v1/chat/completions", chat_request(image(1)))
+            assert status == 200
+            assert out["ec_transfer_params_seen"] is None
+            assert router.producers.backends[0].ejected_until == 0.0
+            p.mode = "ok"
+            status, out, _ = await post(url + "/v1/chat/completions", chat_request(image(2)))
+            assert status == 200
+            assert out["ec_transfer_params_seen"]
+        assert len(p.seen) == 2
+
+    run(scenario())
