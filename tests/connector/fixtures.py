@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +97,12 @@ def ep_servers(
         module: str | None = MODULE,
         env: dict[str, str] | None = None,
         start: bool = True,
+        args: Sequence[str] = (),
     ) -> VllmServer:
-        args: list[str] = []
+        """``args`` go before the EC config (e.g. ``e2e.vllm_server.tensor_parallel``'s)."""
+        cmd = list(args)
         if role is not None:
-            args += [
+            cmd += [
                 "--ec-transfer-config",
                 ec_transfer_config(connector, role, extra or {}, module),
             ]
@@ -108,7 +110,7 @@ def ep_servers(
             name=name,
             model=tiny_model,
             log_path=logs / f"{prefix}-{name}.log",
-            args=args,
+            args=cmd,
             env={
                 **base_env(str(len(started) % 2)),
                 "VLLM_LOGGING_CONFIG_PATH": str(log_config),
