@@ -50,11 +50,15 @@ LOGGING_CONFIG = {
 }
 
 
-def tiny_fingerprint(model: Path) -> str:
+def tiny_fingerprint(model: Path, tensor_parallel_size: int = 1) -> str:
     """The fingerprint the servers compute for the tiny model as the test bed serves it."""
     import vllm
 
-    return ModelIdentity(model=str(model), vllm_version=str(vllm.__version__)).fingerprint()
+    return ModelIdentity(
+        model=str(model),
+        vllm_version=str(vllm.__version__),
+        tensor_parallel_size=tensor_parallel_size,
+    ).fingerprint()
 
 
 def sv_config(root: Path, fingerprint: str, **settings: Any) -> dict[str, Any]:

@@ -77,7 +77,7 @@ class EncoderPoolNixlConnector(RoleRoutingConnector):
         key = ChannelKey.from_env()
         if key is None:
             warn_unauthenticated("producer" if self.is_producer else "consumer")
-        measured = measured_widths(self.config, vllm_config)
+        measured = measured_widths(self.config, vllm_config, producer=self.is_producer)
         return RdmaScheduler(
             self.config,
             is_producer=self.is_producer,

@@ -19,10 +19,10 @@ import pytest
 
 from e2e.media import chat_request, encoder_request, image, image_part, token_ids
 from e2e.vllm_server import VllmServer, tensor_parallel
-from encoderpool_connector.contracts import CHANNEL_KEY_ENV, ModelIdentity
+from encoderpool_connector.contracts import CHANNEL_KEY_ENV
 from encoderpool_connector.ranks import FAULT_ENV
 from encoderpool_connector.shared_volume.entry import entry_name
-from tests.connector.fixtures import EpFactory, sv_config
+from tests.connector.fixtures import EpFactory, sv_config, tiny_fingerprint
 from tests.connector.rdma.fixtures import metric
 from tests.router.fixtures import encoded_hashes
 from tests.waiting import wait_until
@@ -60,15 +60,6 @@ class Tp2Pool:
         return [f for _, _, files in os.walk(self.root / "pins") for f in files]
 
 
-def tp2_fingerprint(model: Path) -> str:
-    import vllm
-
-    identity = ModelIdentity(
-        model=str(model), vllm_version=str(vllm.__version__), tensor_parallel_size=2
-    )
-    return identity.fingerprint()
-
-
 @pytest.fixture(scope="module")
 def tp2(
     ep_servers: EpFactory, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
@@ -77,7 +68,7 @@ def tp2(
     root = base / "volume" / "ec"
     fault = base / "fail-rank-1"
     # The pool's identity has the producers' parallelism (what the width Job measures).
-    fingerprint = tp2_fingerprint(tiny_model)
+    fingerprint = tiny_fingerprint(tiny_model, tensor_parallel_size=2)
     extra = sv_config(root, fingerprint)
     args, env = tensor_parallel(2)
     keyed = {**env, CHANNEL_KEY_ENV: CHANNEL_KEY}
