@@ -199,6 +199,7 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         spec = LoadSpec(h, pins.subdir, pin, True, "bfloat16", shape, inode)
         out: list[torch.Tensor] = []
         took = timed(lambda: out.append(w._load(spec)))
+        pins.drop(pin)  # the scheduler side's part once the step is reported
         assert same(out[0], tensors[h])
         return took  # ``out`` dies here: vLLM freeing the item, its buffer is reused
 

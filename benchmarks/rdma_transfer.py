@@ -198,6 +198,7 @@ def bench_nixl(items: list[dict[str, Any]], shm_dir: str) -> dict[str, dict[str,
 def bench_shared_volume(n: int, kind: str, shape: tuple[int, int], root: Path) -> dict[str, float]:
     import torch
 
+    from encoderpool_connector.ranks import Rank
     from encoderpool_connector.shared_volume.entry import Expect, entry_name
     from encoderpool_connector.shared_volume.metadata import LoadSpec
     from encoderpool_connector.shared_volume.store import Pins, SharedStore
@@ -219,6 +220,8 @@ def bench_shared_volume(n: int, kind: str, shape: tuple[int, int], root: Path) -
     worker = SharedVolumeWorker.__new__(SharedVolumeWorker)
     worker.stats, worker._failed, worker._device = writer_stats(), set(), torch.device("cpu")
     worker.store = store
+    worker.rank = Rank(0, 1)
+    worker._buffers, worker._buffer_limit, worker._fallback_logged = None, 256 << 20, False
     total = []
     for h in tensors:
         pin = pins.pin(entry_name(FP, h))
@@ -227,6 +230,7 @@ def bench_shared_volume(n: int, kind: str, shape: tuple[int, int], root: Path) -
         _, inode = store.verify(pins.subdir, pin, Expect(h, FP, "bfloat16", shape[0], shape[1]))
         tensor = worker._load(LoadSpec(h, pins.subdir, pin, True, "bfloat16", shape, inode))
         total.append(time.perf_counter() - t0)
+        pins.drop(pin)  # the scheduler side's part once the step is reported
         assert torch.equal(tensor, tensors[h])
     pins.close()
     nbytes = shape[0] * shape[1] * 2

@@ -64,6 +64,16 @@ def base_env(cpu: str | None = None) -> dict[str, str]:
     return env
 
 
+def tensor_parallel(size: int) -> tuple[list[str], dict[str, str]]:
+    """Args and env of a CPU server whose engine spans ``size`` tensor-parallel ranks, one
+    core each (vLLM CPU refuses TP without a per-rank binding). Ranks need the
+    multiprocess executor; their all-reduces go over gloo on this machine."""
+    if size == 1:
+        return [], {}
+    args = ["--tensor-parallel-size", str(size), "--distributed-executor-backend", "mp"]
+    return args, {"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(i) for i in range(size))}
+
+
 def ec_transfer_config(
     connector: str, role: str, extra: Mapping[str, Any], module: str | None = None
 ) -> str:

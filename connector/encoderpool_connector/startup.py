@@ -28,12 +28,16 @@ def parse_config(vllm_config: Any, transport: str, connector: str) -> ConnectorC
     return config
 
 
-def measured_widths(config: ConnectorConfig, vllm_config: Any) -> dict[str, int]:
+def measured_widths(
+    config: ConnectorConfig, vllm_config: Any, *, producer: bool = True
+) -> dict[str, int]:
     """What this engine measured (producers do at start-up); ValueError if the config disagrees.
 
     Also warns when the served model is not the one the config's identity names:
     a warning, because the fingerprint only namespaces cache entries and every
-    producer and consumer of a pool gets the same one.
+    producer and consumer of a pool gets the same one. The identity carries the
+    producers' parallelism (what the width Job measured with), so a consumer's
+    own tensor/pipeline parallel sizes are not compared.
     """
     from encoderpool_connector.contracts import identity_from_vllm_config
 
@@ -49,7 +53,10 @@ def measured_widths(config: ConnectorConfig, vllm_config: Any) -> dict[str, int]
             )
     served = identity_from_vllm_config(vllm_config)
     if config.model_identity is not None:
+        own = () if producer else ("tensor_parallel_size:", "pipeline_parallel_size:")
         for problem in config.model_identity.differences(served):
+            if problem.startswith(own):
+                continue
             logger.warning(
                 "encoderpool: ec_connector_extra_config.model_identity.%s; the width "
                 "report may be for another model",

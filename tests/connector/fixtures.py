@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,15 @@ def producer_widths(log: str) -> dict[str, int]:
     return dict(ast.literal_eval(found.group(1)))
 
 
-def tiny_fingerprint(model: Path) -> str:
+def tiny_fingerprint(model: Path, tensor_parallel_size: int = 1) -> str:
     """The fingerprint the servers compute for the tiny model as the test bed serves it."""
     import vllm
 
-    return ModelIdentity(model=str(model), vllm_version=str(vllm.__version__)).fingerprint()
+    return ModelIdentity(
+        model=str(model),
+        vllm_version=str(vllm.__version__),
+        tensor_parallel_size=tensor_parallel_size,
+    ).fingerprint()
 
 
 def sv_config(root: Path, fingerprint: str, **settings: Any) -> dict[str, Any]:
@@ -111,10 +115,12 @@ def ep_servers(
         module: str | None = MODULE,
         env: dict[str, str] | None = None,
         start: bool = True,
+        args: Sequence[str] = (),
     ) -> VllmServer:
-        args: list[str] = []
+        """``args`` go before the EC config (e.g. ``e2e.vllm_server.tensor_parallel``'s)."""
+        cmd = list(args)
         if role is not None:
-            args += [
+            cmd += [
                 "--ec-transfer-config",
                 ec_transfer_config(connector, role, extra or {}, module),
             ]
@@ -122,7 +128,7 @@ def ep_servers(
             name=name,
             model=tiny_model,
             log_path=logs / f"{prefix}-{name}.log",
-            args=args,
+            args=cmd,
             env={
                 **base_env(str(len(started) % 2)),
                 "VLLM_LOGGING_CONFIG_PATH": str(log_config),

@@ -171,6 +171,34 @@ def test_the_width_job_command_parses_as_measure_and_keys_the_report() -> None:
     assert args.output_file == Path("/dev/termination-log")
 
 
+def test_tensor_parallel_roles_and_a_width_job_with_the_producers_parallelism() -> None:
+    """Each role's Deployment runs its own --tensor-parallel-size; the width Job measures
+    with the producers' (the identity the pool is keyed by) on the producers' resources."""
+    from encoderpool_connector.measure import parse_args
+
+    raw = load("pool-shared-volume.yaml").model_dump(by_alias=True, exclude={"status"})
+    raw["spec"]["producer"].update(
+        tensorParallelSize=2, resources={"limits": {"nvidia.com/gpu": "2"}}
+    )
+    raw["spec"]["consumer"].update(tensorParallelSize=4)
+    pool = EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})
+    objs = children(pool)
+    assert flag(container(objs, "pool-producer")["args"], "--tensor-parallel-size") == "2"
+    assert flag(container(objs, "pool-consumer")["args"], "--tensor-parallel-size") == "4"
+    identity = pool.spec.model_identity(pool.spec.image)
+    assert identity.tensor_parallel_size == 2
+    job = render.width_job(pool, identity, identity.fingerprint())
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert parse_args(c["args"][2:]).tensor_parallel_size == 2
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
+    # Both roles get the producers' identity; a consumer does not compare its own TP.
+    for role in ("pool-producer", "pool-consumer"):
+        ec = json.loads(flag(container(objs, role)["args"], "--ec-transfer-config"))
+        extra = ConnectorConfig.from_extra_config(ec["ec_connector_extra_config"])
+        assert extra.model_identity is not None
+        assert extra.model_identity.tensor_parallel_size == 2
+
+
 def _pods(objs: dict[str, dict[str, Any]], job: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Producer, consumer and width Job pod specs, by role."""
     return {

@@ -45,17 +45,6 @@ def advertise_host() -> str:
     return host
 
 
-def _tp_rank() -> int:
-    """This worker's tensor-parallel rank: every rank holds the same encoder output, and only
-    rank 0 copies it (the scheduler may read the slot before other ranks finish their step)."""
-    try:
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-
-        return int(get_tensor_model_parallel_rank())
-    except Exception:  # not initialised: a single worker
-        return 0
-
-
 class EncoderPoolNixlConnector(RoleRoutingConnector):
     """Encoder outputs pulled from producers' registered memory with NIXL READs."""
 
@@ -88,7 +77,7 @@ class EncoderPoolNixlConnector(RoleRoutingConnector):
         key = ChannelKey.from_env()
         if key is None:
             warn_unauthenticated("producer" if self.is_producer else "consumer")
-        measured = measured_widths(self.config, vllm_config)
+        measured = measured_widths(self.config, vllm_config, producer=self.is_producer)
         return RdmaScheduler(
             self.config,
             is_producer=self.is_producer,
@@ -103,12 +92,7 @@ class EncoderPoolNixlConnector(RoleRoutingConnector):
     def _make_worker(self, vllm_config: VllmConfig) -> RdmaWorker:
         from encoderpool_connector.rdma.worker import RdmaWorker
 
-        return RdmaWorker(
-            self.config,
-            is_producer=self.is_producer,
-            is_consumer=self.is_consumer,
-            writer=_tp_rank() == 0,
-        )
+        return RdmaWorker(self.config, is_producer=self.is_producer, is_consumer=self.is_consumer)
 
     @staticmethod
     def _stats_classes() -> tuple[type[CounterStats], type[CounterPromMetrics]]:

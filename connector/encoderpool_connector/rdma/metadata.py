@@ -30,6 +30,9 @@ class LoadPlan:
     offset: int
     dtype: str
     shape: tuple[int, ...]
+    request_id: str = ""
+    index: int = -1
+    """The request and item this load serves: where the engine encodes it if a rank fails."""
 
 
 @dataclass
@@ -40,11 +43,16 @@ class RdmaMetadata(ECConnectorMetadata):  # type: ignore[misc]  # vLLM is untype
     region_bytes: int = 0
     writes: list[WritePlan] = field(default_factory=list)
     loads: list[LoadPlan] = field(default_factory=list)
+    encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    """The step's ``scheduled_encoder_inputs`` itself (pickled with it, so the same dict on
+    the worker): a load that fails is added there and encoded in the same step."""
 
 
 @dataclass
 class RdmaWorkerMetadata(WorkerReport):
     """Worker -> scheduler (consumer; a CPU producer's is discarded by vLLM 0.32): which loads
-    finished (``loaded``) or failed, so their slots can be reused, and counters."""
+    finished (``loaded``) or failed (and were encoded instead), so their slots can be
+    reused, and counters. vLLM merges all ranks' reports of a step before the scheduler
+    sees them, so a slot is reused only after every rank copied out of it."""
 
     loaded: set[str] = field(default_factory=set)

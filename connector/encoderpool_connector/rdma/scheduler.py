@@ -12,7 +12,10 @@ a local slot and hands the READ to the puller thread; the request is deferred
 until the verdict. ``has_cache_item`` is True only for items whose bytes are
 local and verified, because vLLM treats that answer as final. Anything else
 (no or bad coordinates, unreachable or restarted producer, failed, slow or
-corrupt READ, no room) is a miss: the consumer encodes the item itself.
+corrupt READ, no room) is a miss: the consumer encodes the item itself. A
+slot is reused once the workers report the step that copied out of it (vLLM
+merges all tensor-parallel ranks' reports first); a copy that failed on any
+rank was encoded in that step instead (``ranks``).
 """
 
 from __future__ import annotations
@@ -176,6 +179,10 @@ class RdmaScheduler(LookupScheduler[_Pull]):
 
     def build_connector_meta(self, scheduler_output: Any) -> RdmaMetadata:
         meta = RdmaMetadata(region=self.region.path, region_bytes=self.region.size)
+        inputs = getattr(scheduler_output, "scheduled_encoder_inputs", None)
+        if isinstance(inputs, dict):
+            # The very dict the model runner encodes from: a failed load is added to it.
+            meta.encoder_inputs = inputs
         try:
             if self.is_producer:
                 self._producer_housekeeping()
@@ -202,8 +209,9 @@ class RdmaScheduler(LookupScheduler[_Pull]):
             if loading is None:
                 continue
             self.alloc.free(loading.slot.offset)
-            if mm_hash in worker_meta.failed:
-                self._unavailable |= loading.requests
+        if worker_meta.failed:
+            # Counted here, once per item, however many ranks failed: all ranks encoded it.
+            self.stats.add("load_failures", len(worker_meta.failed))
         if worker_meta.stats:
             self.stats.aggregate(RdmaECStats(data=dict(worker_meta.stats)))
 
@@ -217,7 +225,14 @@ class RdmaScheduler(LookupScheduler[_Pull]):
         assert pull.slot is not None
         assert pull.coords is not None
         self._loads.append(
-            LoadPlan(mm_hash, pull.slot.offset, pull.coords.dtype, pull.coords.shape)
+            LoadPlan(
+                mm_hash,
+                pull.slot.offset,
+                pull.coords.dtype,
+                pull.coords.shape,
+                request.request_id,
+                index,
+            )
         )
         old = self._loading.pop(mm_hash, None)
         if old is not None:  # a load of the same item still unconfirmed: it cannot be both

@@ -20,7 +20,8 @@ RDMA_COUNTERS: dict[str, str] = {
     "pulled_bytes": "Bytes READ and verified.",
     "pull_seconds": "Seconds from starting a pull to its verdict (off the engine loop).",
     "loads": "Verified items copied into the encoder cache by the worker.",
-    "load_failures": "Loads that failed after verification (the request is failed, retryable).",
+    "load_failures": "Items whose copy out of the region failed on any tensor-parallel "
+    "rank; every rank encoded the item in the same step instead.",
     "load_seconds": "Seconds the worker spent copying loads (on the step path).",
     "saves": "Encoder outputs copied into registered memory by the producer's worker.",
     "saves_dropped": "Encoder outputs not copied (no slot planned, too large, or an error).",

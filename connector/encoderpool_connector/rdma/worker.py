@@ -5,6 +5,8 @@ The region is the scheduler's tmpfs file, mapped here on the first step that
 names it. A producer's copy is one memcpy plus a BLAKE3 of the payload (a few
 milliseconds for a 9 MB item, beside an encoder step of hundreds), done inside
 the step so that the slot is complete before the scheduler announces it.
+Under tensor parallelism (``ranks``) only rank 0 copies in, every rank copies
+out, and a load that fails on any rank is encoded by all in the same step.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import blake3
 import torch
 
 from encoderpool_connector.contracts import ConnectorConfig, dtype_name, payload_bytes
+from encoderpool_connector.ranks import Failing, Rank, recompute
 from encoderpool_connector.rdma.buffer import (
     HEADER_BYTES,
     MAX_DIMS,
@@ -41,14 +44,23 @@ class RdmaWorker(OnDevice):
     """Worker-role logic; the connector class only routes to it."""
 
     def __init__(
-        self, config: ConnectorConfig, *, is_producer: bool, is_consumer: bool, writer: bool = True
+        self,
+        config: ConnectorConfig,
+        *,
+        is_producer: bool,
+        is_consumer: bool,
+        rank: Rank | None = None,
     ) -> None:
         rd = config.rdma
         assert rd is not None
         self.config = config
         self.shm_dir = rd.shm_dir
         self.ttl = float(rd.slot_ttl_s)
-        self.is_producer = is_producer and writer  # tensor-parallel rank 0 copies, once
+        self.rank = rank or Rank()
+        self.rank.announce("rdma")
+        # Tensor-parallel rank 0 copies, once: the others hold the same output, and the
+        # scheduler may read the slot before they finish their step.
+        self.is_producer = is_producer and self.rank.lead
         self.is_consumer = is_consumer
         self.region: SharedRegion | None = None
         self._pending: dict[str, tuple[WritePlan, float]] = {}
@@ -161,21 +173,37 @@ class RdmaWorker(OnDevice):
     # ---- consumer ----
 
     def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], meta: RdmaMetadata) -> None:
+        """Copy out every planned item; one that fails on any rank is encoded by all instead."""
         if not meta.loads:
             return
         region = self._map(meta)
+        failed = []
         for plan in meta.loads:
             if plan.mm_hash in encoder_cache:
                 self._loaded.add(plan.mm_hash)
+                failed.append(False)
                 continue
-            encoder_cache[plan.mm_hash] = self._load(region, plan)
+            tensor = self._load(region, plan)
+            if tensor is not None:
+                encoder_cache[plan.mm_hash] = tensor
+            failed.append(tensor is None)
+        agreed = self.rank.agree(failed)
+        redo = [
+            Failing(plan.mm_hash, plan.request_id, plan.index)
+            for plan, bad in zip(meta.loads, agreed, strict=True)
+            if bad
+        ]
+        if redo:
+            recompute(encoder_cache, meta.encoder_inputs, redo)
+            self._failed.update(item.mm_hash for item in redo)
 
-    def _load(self, region: SharedRegion | None, plan: LoadPlan) -> torch.Tensor:
-        """The verified bytes as a tensor on this worker's device; on failure zeros of the
-        verified shape, and the request is reported unavailable (failed, retryable)."""
+    def _load(self, region: SharedRegion | None, plan: LoadPlan) -> torch.Tensor | None:
+        """The verified bytes as a tensor on this worker's device; None (logged) on failure."""
         t0 = time.perf_counter()
         dtype = TORCH_DTYPES[plan.dtype]
         try:
+            if self.rank.injected_fault():
+                raise OSError(f"test hook: loads on rank {self.rank.rank} fail")
             if region is None:
                 raise RuntimeError("the rdma region is not mapped")
             nbytes = payload_bytes(plan.dtype, plan.shape)
@@ -192,25 +220,28 @@ class RdmaWorker(OnDevice):
             return tensor
         except (OSError, RuntimeError, ValueError) as e:
             logger.error(
-                "encoderpool: loading verified item %r failed (%r); its request will be failed "
-                "and can be retried",
+                "encoderpool: loading verified item %r failed on rank %d (%r); encoding it "
+                "here instead",
                 plan.mm_hash[:80],
+                self.rank.rank,
                 e,
             )
-            self._count("load_failures")
-            self._failed.add(plan.mm_hash)
-            return torch.zeros(plan.shape, dtype=dtype, device=self._target_device())
+            return None
         finally:
             self._count("load_seconds", time.perf_counter() - t0)
 
     # ---- outputs ----
 
     def get_ec_connector_stats(self) -> RdmaECStats | None:
-        return self.stats.take()
+        stats = self.stats.take()
+        return stats if self.rank.lead else None
 
     def build_connector_worker_meta(self) -> RdmaWorkerMetadata | None:
-        """Finished and failed loads, plus counters (the V1 runner drops worker stats)."""
+        """Finished and failed loads, plus counters (the V1 runner drops worker stats); only
+        the lead rank's counters, since every rank did the same loads."""
         stats = self.stats.take()
+        if stats is not None and not self.rank.lead:
+            stats = None
         if not self._loaded and not self._failed and stats is None:
             return None
         loaded, self._loaded = self._loaded, set()

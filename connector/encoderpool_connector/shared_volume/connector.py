@@ -65,7 +65,7 @@ class EncoderPoolSharedVolumeConnector(RoleRoutingConnector):
         from encoderpool_connector.contracts import dtype_name
         from encoderpool_connector.shared_volume.scheduler import SharedVolumeScheduler
 
-        measured = measured_widths(self.config, vllm_config)
+        measured = measured_widths(self.config, vllm_config, producer=self.is_producer)
         return SharedVolumeScheduler(
             self.config,
             self._store(),

@@ -23,6 +23,9 @@ class LoadSpec:
     shape: tuple[int, ...]
     inode: tuple[int, int]
     """(st_dev, st_ino) of the verified file: the worker reads only that inode."""
+    request_id: str = ""
+    index: int = -1
+    """The request and item this load serves: where the engine encodes it if a rank fails."""
 
     @property
     def path(self) -> str:
@@ -34,8 +37,16 @@ class SharedVolumeMetadata(ECConnectorMetadata):  # type: ignore[misc]  # vLLM i
     """Scheduler -> worker: the loads of one step."""
 
     loads: list[LoadSpec] = field(default_factory=list)
+    encoder_inputs: dict[str, list[int]] = field(default_factory=dict)
+    """The step's ``scheduled_encoder_inputs`` itself (pickled with it, so the same dict on
+    the worker): a load that fails is added there and encoded in the same step."""
 
 
 @dataclass
 class SharedVolumeWorkerMetadata(WorkerReport):
-    """Worker -> scheduler: loads that failed after verification, and counters."""
+    """Worker -> scheduler: loads that failed after verification (and were encoded
+    instead), the pins this step's loads are done with, and counters."""
+
+    released: set[str] = field(default_factory=set)
+    """Pin names of this step's loads: every rank has loaded them (vLLM merges all ranks'
+    outputs of a step before the scheduler sees them), so the scheduler drops the pins."""

@@ -12,13 +12,16 @@ A producer's response announces each item it encoded; a consumer request
 carrying that announcement (the router passes ``ec_transfer_params`` on)
 waits up to ``publish_wait_ms`` for the background writer to publish it,
 then encodes the item itself.
+
+A pin is dropped once the workers report the step that loaded it (vLLM merges
+the reports of all tensor-parallel ranks first, so every rank has read it);
+a load that failed on any rank was encoded in that step instead (``ranks``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -50,6 +53,8 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = logging.getLogger("vllm.ext." + __name__)
+
+LOAD_GRACE_S = 120.0  # a pin no worker report released is dropped after this
 
 State = Literal["waiting", "verifying", "hit", "miss"]
 
@@ -109,7 +114,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
         self._pin_links = True
         self._pool = ThreadPoolExecutor(sv.verify_threads, thread_name_prefix="ep-verify")
         self._loads: list[LoadSpec] = []
-        self._loading: dict[str, set[str]] = defaultdict(set)
+        self._held: dict[str, float] = {}  # pins handed to the workers -> when
         self.stats = EncoderPoolECStats()
         if is_consumer and store.layout() is None and not store.unsafe:
             logger.warning(
@@ -280,33 +285,42 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
             header.dtype,
             header.shape,
             verdict.inode,
+            request.request_id,
+            index,
         )
         self._loads.append(spec)
-        self._loading[mm_hash].add(request.request_id)
+        if spec.pinned:
+            self._held[spec.name] = time.monotonic()
 
     def build_connector_meta(self, scheduler_output: Any = None) -> SharedVolumeMetadata:
         meta = SharedVolumeMetadata(loads=self._loads)
+        if self._loads:
+            # The very dict the model runner encodes from: a failed load is added to it.
+            inputs = getattr(scheduler_output, "scheduled_encoder_inputs", None)
+            if isinstance(inputs, dict):
+                meta.encoder_inputs = inputs
         self._loads = []
         self._drop_orphans()
+        cutoff = time.monotonic() - LOAD_GRACE_S
+        for pin in [p for p, since in self._held.items() if since < cutoff]:
+            del self._held[pin]
+            self.pins.drop(pin)
         return meta
 
     def update_connector_output(self, worker_meta: Any) -> None:
         if not isinstance(worker_meta, SharedVolumeWorkerMetadata):
             return
-        for mm_hash in worker_meta.failed:
-            self._unavailable |= self._loading.pop(mm_hash, set())
+        for pin in worker_meta.released:
+            if self._held.pop(pin, None) is not None:  # only pins this side handed out
+                self.pins.drop(pin)
+        if worker_meta.failed:
+            # Counted here, once per item, however many ranks failed: all ranks encoded it.
+            self.stats.add("load_failures", len(worker_meta.failed))
         if worker_meta.stats:
             self.stats.aggregate(EncoderPoolECStats(data=dict(worker_meta.stats)))
 
     def request_finished(self, request: Request) -> dict[str, Any] | None:
         """Forget the request; a producer returns each item's placeholder metadata."""
-        rid = request.request_id
-        for feature in request.mm_features:
-            holders = self._loading.get(feature.identifier)
-            if holders is not None:
-                holders.discard(rid)
-                if not holders:
-                    del self._loading[feature.identifier]
         self._finish_lookups(request)
         if not self.is_producer:
             return None

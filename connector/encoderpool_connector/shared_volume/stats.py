@@ -7,7 +7,8 @@ from typing import ClassVar
 
 from encoderpool_connector.stats import CounterPromMetrics, CounterStats
 
-# name -> help; every key the shared-volume connector counts. Seconds are summed.
+# name -> help; every key the shared-volume connector counts. Seconds are summed. Worker
+# counters (loads, load_*) are the lead rank's: one count per item, not per rank.
 SV_COUNTERS: dict[str, str] = {
     "lookups": "Items the consumer looked up in the shared volume.",
     "hits": "Lookups that found a verified entry (the consumer skips its encoder).",
@@ -20,7 +21,8 @@ SV_COUNTERS: dict[str, str] = {
     "foreign_announcements": "Items announced by a producer of another model (a model "
     "change rolling): a miss at once, never a wait.",
     "loads": "Entries loaded into the encoder cache by the worker.",
-    "load_failures": "Loads that failed after verification (the request is failed, retryable).",
+    "load_failures": "Items whose load failed after verification on any tensor-parallel "
+    "rank; every rank encoded the item in the same step instead.",
     "load_bytes": "Payload bytes loaded.",
     "load_seconds": "Seconds the worker spent loading (on the step path).",
     "load_buffer_fallbacks": "Loads read into a freshly allocated tensor because every "

@@ -8,7 +8,8 @@ The consumer loads only what the scheduler side verified and pinned, with
 one read straight into a reused, already-touched buffer (``LoadBuffers``):
 on CPU the tensor vLLM keeps is a view of it (the buffer is reused only once
 vLLM dropped every reference), on an accelerator a pinned staging buffer the
-device copy is made from.
+device copy is made from. Under tensor parallelism (``ranks``) only rank 0
+writes, every rank loads, and the scheduler drops a pin once all ranks have.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from encoderpool_connector.contracts import ConnectorConfig, dtype_name, payload_bytes
 from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES, LoadBuffers
+from encoderpool_connector.ranks import Failing, Rank, recompute
 from encoderpool_connector.shared_volume.entry import (
     EntryError,
     Header,
@@ -169,7 +171,13 @@ class SharedVolumeWorker(OnDevice):
     """Worker-role logic; the connector class only routes to it."""
 
     def __init__(
-        self, config: ConnectorConfig, store: SharedStore, *, is_producer: bool, is_consumer: bool
+        self,
+        config: ConnectorConfig,
+        store: SharedStore,
+        *,
+        is_producer: bool,
+        is_consumer: bool,
+        rank: Rank | None = None,
     ) -> None:
         sv = config.shared_volume
         assert sv is not None
@@ -177,8 +185,11 @@ class SharedVolumeWorker(OnDevice):
         self.store = store
         self.is_producer = is_producer
         self.is_consumer = is_consumer
+        self.rank = rank or Rank()
+        self.rank.announce("shared-volume")
         self.stats = writer_stats()
         self._failed: set[str] = set()
+        self._released: set[str] = set()
         # Unset stays out of the rendered config, so connectors without the key still start.
         self._buffer_limit = (
             DEFAULT_LOAD_BUFFER_BYTES if sv.load_buffer_bytes is None else sv.load_buffer_bytes
@@ -190,7 +201,7 @@ class SharedVolumeWorker(OnDevice):
             # Resolve the directories now, as the scheduler side does, not at the first
             # load: a directory swapped in between would fail that load.
             store.layout()
-        if is_producer:
+        if is_producer and self.rank.lead:  # the other ranks hold the same outputs
             store.prepare_producer()
             self.writer = BackgroundWriter(
                 store, config.model_fingerprint, sv.writer_queue, self.stats
@@ -220,19 +231,37 @@ class SharedVolumeWorker(OnDevice):
     def start_load_caches(
         self, encoder_cache: dict[str, torch.Tensor], metadata: SharedVolumeMetadata
     ) -> None:
+        """Load every planned entry; one that fails on any rank is encoded by all instead."""
+        if not metadata.loads:
+            return
+        failed = []
         for spec in metadata.loads:
+            if spec.pinned:
+                self._released.add(spec.name)  # the scheduler drops it after this step
             if spec.mm_hash in encoder_cache:
-                if spec.pinned:
-                    self.store.unlink(spec.subdir, spec.name)
+                failed.append(False)
                 continue
-            encoder_cache[spec.mm_hash] = self._load(spec)
+            tensor = self._load(spec)
+            if tensor is not None:
+                encoder_cache[spec.mm_hash] = tensor
+            failed.append(tensor is None)
+        agreed = self.rank.agree(failed)
+        redo = [
+            Failing(spec.mm_hash, spec.request_id, spec.index)
+            for spec, bad in zip(metadata.loads, agreed, strict=True)
+            if bad
+        ]
+        if redo:
+            recompute(encoder_cache, metadata.encoder_inputs, redo)
+            self._failed.update(item.mm_hash for item in redo)
 
-    def _load(self, spec: LoadSpec) -> torch.Tensor:
-        """The entry as a tensor on this worker's device; on failure a zero tensor of the
-        verified shape, and the request is reported unavailable (failed, retryable)."""
+    def _load(self, spec: LoadSpec) -> torch.Tensor | None:
+        """The entry as a tensor on this worker's device; None (logged) on failure."""
         t0 = time.perf_counter()
         dtype = TORCH_DTYPES[spec.dtype]
         try:
+            if self.rank.injected_fault():
+                raise OSError(f"test hook: loads on rank {self.rank.rank} fail")
             nbytes = payload_bytes(spec.dtype, spec.shape)
             device = self._target_device()
             buf = self._buffer(nbytes, device)
@@ -254,19 +283,16 @@ class SharedVolumeWorker(OnDevice):
             # A log record keeps ``e``; its traceback's frames would keep the load buffer lent.
             e.__traceback__ = None
             logger.error(
-                "encoderpool: loading verified item %r from %s failed (%r); its request "
-                "will be failed and can be retried",
+                "encoderpool: loading verified item %r from %s failed on rank %d (%r); "
+                "encoding it here instead",
                 spec.mm_hash[:80],
                 spec.path,
+                self.rank.rank,
                 e,
             )
-            self.stats.add("load_failures")
-            self._failed.add(spec.mm_hash)
-            return torch.zeros(spec.shape, dtype=dtype, device=self._target_device())
+            return None
         finally:
             self.stats.add("load_seconds", time.perf_counter() - t0)
-            if spec.pinned:
-                self.store.unlink(spec.subdir, spec.name)
 
     def _buffer(self, nbytes: int, device: torch.device) -> torch.Tensor:
         """Host memory for one payload: a pooled buffer, else a fresh tensor."""
@@ -289,15 +315,22 @@ class SharedVolumeWorker(OnDevice):
     # ---- outputs ----
 
     def get_ec_connector_stats(self) -> EncoderPoolECStats | None:
-        return self.stats.take()
+        stats = self.stats.take()
+        return stats if self.rank.lead else None
 
     def build_connector_worker_meta(self) -> SharedVolumeWorkerMetadata | None:
-        """Failed loads, plus counters not yet taken by ``get_ec_connector_stats`` (V1 runner)."""
+        """Failed loads, released pins, and counters not yet taken by
+        ``get_ec_connector_stats`` (V1 runner); only the lead rank's counters."""
         stats = self.stats.take()
-        if not self._failed and stats is None:
+        if stats is not None and not self.rank.lead:
+            stats = None  # the lead did the same loads: one count per item, not per rank
+        if not self._failed and not self._released and stats is None:
             return None
         failed, self._failed = self._failed, set()
-        return SharedVolumeWorkerMetadata(failed=failed, stats=stats.data if stats else {})
+        released, self._released = self._released, set()
+        return SharedVolumeWorkerMetadata(
+            failed=failed, released=released, stats=stats.data if stats else {}
+        )
 
     def shutdown(self) -> None:
         if self.writer is not None:

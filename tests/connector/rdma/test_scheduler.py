@@ -344,25 +344,32 @@ def test_request_finished_mid_pull_frees_the_slot_later(pair: tuple[Side, Side])
     assert not c.sched.has_cache_item("m-1")
 
 
-def test_failed_load_reports_the_request_unavailable(pair: tuple[Side, Side]) -> None:
+def test_a_failed_load_is_encoded_in_the_same_step(pair: tuple[Side, Side]) -> None:
     p, c = pair
     params = produce(p, Req("r", ["f-1"]), {})
     req = Req("c", ["f-1"], params)
     wait_ready(c, req)
     c.sched.update_state_after_alloc(req, 0)
-    meta = c.sched.build_connector_meta(SimpleNamespace(num_scheduled_tokens={}))
+    inputs: dict[str, list[int]] = {"other": [1]}
+    meta = c.sched.build_connector_meta(
+        SimpleNamespace(num_scheduled_tokens={}, scheduled_encoder_inputs=inputs)
+    )
     assert isinstance(meta, RdmaMetadata)
     meta.region = "/dev/shm/encoderpool-rdma-1-00000000"  # the worker cannot map this
     c.worker.region = None
     cache: dict[str, torch.Tensor] = {}
     c.worker.start_load_caches(cache, meta)
-    assert torch.count_nonzero(cache["f-1"]) == 0  # zeros, never a crash
+    assert "f-1" not in cache  # never zeros: the model runner encodes it in this step
+    assert inputs == {"other": [1], "c": [0]}
     wm = c.worker.build_connector_worker_meta()
     assert isinstance(wm, RdmaWorkerMetadata)
     assert wm.failed == {"f-1"}
     c.sched.update_connector_output(wm)
-    assert c.sched.take_unavailable_requests() == {"c"}
+    assert c.sched.take_unavailable_requests() == set()  # the request goes on
     assert len(c.sched.alloc) == 0
+    stats = c.sched.stats.take()
+    assert stats is not None
+    assert stats.data["load_failures"] == 1
 
 
 OTHER_KEY = ChannelKey(b"another-pool-s-key-0123456789ab")
