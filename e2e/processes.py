@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -34,21 +35,33 @@ def start_group(
 
 def stop_group(proc: subprocess.Popen[bytes], timeout: float = 20.0, kill: bool = False) -> None:
     """SIGTERM (SIGKILL with ``kill``) the group, wait, then SIGKILL whatever is left."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group (e.g. vLLM workers)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(10)
+    stop_groups([proc], timeout, kill)
+
+
+def stop_groups(
+    procs: Sequence[subprocess.Popen[bytes]], timeout: float = 20.0, kill: bool = False
+) -> None:
+    """``stop_group`` for several groups at once: all are signalled before any is
+    awaited, so their shutdowns overlap (a vLLM server takes seconds to drain)."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the group (e.g. vLLM workers)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
 
 
 def wait_healthy(
     proc: subprocess.Popen[bytes], url: str, what: str, log_path: Path, timeout: float
 ) -> None:
     """Until ``url`` answers 200; fail fast, with the log's tail, if the process exits."""
-    import time
     import urllib.request
 
     deadline = time.monotonic() + timeout

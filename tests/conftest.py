@@ -20,6 +20,8 @@ pytest_plugins = [
     "tests.connector.fixtures",
     "tests.router.fixtures",
     "tests.connector.rdma.fixtures",
+    "tests.connector.shared_volume.fixtures",
+    "tests.connector.tp2.fixtures",
 ]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,6 +38,32 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def vllm_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm-logs")
+
+
+@pytest.fixture(scope="session")
+def monolithic(
+    tiny_model: Path, vllm_logs: Path, request: pytest.FixtureRequest
+) -> Iterator[VllmServer]:
+    """The monolithic reference every real-engine pool test compares with: vLLM without a
+    connector, TP=1, the test bed's defaults. One for the session, started by the first
+    test that needs it: a start costs ~40 s of CPU here, an idle server ~2 % of a core.
+    Its answers do not depend on what it served before (``test_vllm_smoke`` checks),
+    so tests may share it. It takes request-level media kwargs
+    (``--trust-request-mm-kwargs``), which the video tests send."""
+    server = VllmServer(
+        name="monolithic",
+        model=tiny_model,
+        log_path=vllm_logs / "monolithic.log",
+        args=["--trust-request-mm-kwargs"],
+        env=base_env("0"),
+    )
+    try:
+        yield server.start().wait_ready(300)
+    finally:
+        server.stop()
+        if request.session.testsfailed:
+            print(f"\n===== log of vLLM server monolithic ({server.log_path}) =====")
+            print(server.log_tail(60))
 
 
 ServerFactory = Callable[..., VllmServer]
@@ -86,6 +114,24 @@ def vllm_server(
         if failed is not None and failed.failed:
             print(f"\n===== log of vLLM server {server.name} ({server.log_path}) =====")
             print(server.log_tail(120))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``breaks_shared_servers`` stop servers that several modules of their
+    package share (``package_servers``): they run after every other test of the package
+    (its directory; a package's tests are collected together)."""
+    last = {item.path.parent: i for i, item in enumerate(items)}
+    held: dict[Path, list[pytest.Item]] = {}
+    ordered: list[pytest.Item] = []
+    for i, item in enumerate(items):
+        folder = item.path.parent
+        if item.get_closest_marker("breaks_shared_servers"):
+            held.setdefault(folder, []).append(item)
+        else:
+            ordered.append(item)
+        if last[folder] == i:
+            ordered += held.pop(folder, [])
+    items[:] = ordered
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

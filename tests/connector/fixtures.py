@@ -1,8 +1,9 @@
 """Fixtures for the connector tests (registered in conftest.pytest_plugins).
 
-Real-engine connector tests share servers per module (each start costs ~30 s
-on these 2-core machines): ``ep_servers`` is a module-scoped factory that
-stops every server it started, by PID, when the module ends.
+Real-engine connector tests share servers (each start costs ~40 s of CPU on these
+2-core machines, nearly all of it three Python processes importing vLLM):
+``ep_servers`` per module, ``package_servers`` per package; both stop every server
+they started, by PID, when their scope ends.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from e2e.vllm_server import VllmServer, base_env, ec_transfer_config
+from e2e.vllm_server import VllmServer, base_env, ec_transfer_config, stop_all
 from encoderpool_connector.contracts import ConnectorConfig, ModelIdentity
 
 CONNECTOR = "EncoderPoolSharedVolumeConnector"
@@ -90,23 +91,22 @@ def sv_config(root: Path, fingerprint: str, **settings: Any) -> dict[str, Any]:
 EpFactory = Callable[..., VllmServer]
 
 
-@pytest.fixture(scope="module")
-def ep_servers(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[EpFactory]:
-    """Module-scoped factory: ``ep_servers(name, role=None | "ec_producer" | ..., extra=...)``.
+class Servers:
+    """Starts EP servers for one fixture scope and stops them all when it ends.
 
-    Servers start without waiting (use ``.wait_ready()``); all log with the
-    model runner at DEBUG. Logs stay in the module's temp dir and their tails
-    are printed when the module ends with a failure.
+    Servers start without waiting (use ``.wait_ready()``); all log with the model
+    runner at DEBUG. Logs stay in the scope's temp dir; their tails are printed when
+    a test of the session has failed by the time the scope ends.
     """
-    logs = tmp_path_factory.mktemp("ep-logs")
-    log_config = logs / "logging.json"
-    log_config.write_text(json.dumps(LOGGING_CONFIG))
-    started: list[VllmServer] = []
-    prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", request.module.__name__.rsplit(".", 1)[-1])
 
-    def make(
+    def __init__(self, tiny_model: Path, logs: Path, prefix: str) -> None:
+        self.tiny_model, self.logs, self.prefix = tiny_model, logs, prefix
+        self.log_config = logs / "logging.json"
+        self.log_config.write_text(json.dumps(LOGGING_CONFIG))
+        self.started: list[VllmServer] = []
+
+    def __call__(
+        self,
         name: str,
         *,
         role: str | None = None,
@@ -126,22 +126,48 @@ def ep_servers(
             ]
         server = VllmServer(
             name=name,
-            model=tiny_model,
-            log_path=logs / f"{prefix}-{name}.log",
+            model=self.tiny_model,
+            log_path=self.logs / f"{self.prefix}-{name}.log",
             args=cmd,
             env={
-                **base_env(str(len(started) % 2)),
-                "VLLM_LOGGING_CONFIG_PATH": str(log_config),
+                **base_env(str(len(self.started) % 2)),
+                "VLLM_LOGGING_CONFIG_PATH": str(self.log_config),
                 **(env or {}),
             },
         )
-        started.append(server)
+        self.started.append(server)
         return server.start() if start else server
 
-    yield make
-    failed = request.session.testsfailed
-    for server in started:
-        server.stop()
-        if failed:
+    def stop(self, show_logs: bool) -> None:
+        stop_all(self.started)
+        for server in self.started if show_logs else ():
             print(f"\n===== log of vLLM server {server.name} ({server.log_path}) =====")
             print(server.log_tail(60))
+
+
+def _servers(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Servers]:
+    # The module's or package's name ("test_epd", "rdma") prefixes the log files.
+    prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name.removesuffix(".py"))
+    servers = Servers(tiny_model, tmp_path_factory.mktemp("ep-logs"), prefix)
+    yield servers
+    servers.stop(show_logs=request.session.testsfailed > 0)
+
+
+@pytest.fixture(scope="module")
+def ep_servers(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[EpFactory]:
+    """Module-scoped factory: ``ep_servers(name, role=None | "ec_producer" | ..., extra=...)``:
+    real-engine connector tests share servers per module (each start costs ~40 s of CPU
+    here); every server it started is stopped, by PID, when the module ends."""
+    yield from _servers(tiny_model, tmp_path_factory, request)
+
+
+@pytest.fixture(scope="package")
+def package_servers(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[EpFactory]:
+    """``ep_servers`` for servers that several modules of one package share."""
+    yield from _servers(tiny_model, tmp_path_factory, request)

@@ -4,7 +4,7 @@ threads, a stand-in for the TP group's all-reduce, and the scheduler side as vLL
 Each rank gets its own unpickled copy of the step's scheduler output, as the
 multiprocess executor sends it, so a rank's additions to the encoder inputs
 land where that rank's model runner reads them. The real engine at TP=2 is
-tests/connector/*/test_tp2.py.
+tests/connector/tp2/test_tp2_*.py.
 """
 
 from __future__ import annotations

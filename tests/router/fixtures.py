@@ -25,7 +25,14 @@ from typing import Any, TypeVar
 import pytest
 from aiohttp import web
 
-from e2e.vllm_server import REPO, VllmServer, base_env, ec_transfer_config, free_port
+from e2e.vllm_server import (
+    REPO,
+    VllmServer,
+    base_env,
+    ec_transfer_config,
+    free_port,
+    stop_all,
+)
 from encoderpool_connector.api_guard import MIDDLEWARE as API_GUARD
 from encoderpool_router.app import Router, build_app
 from encoderpool_router.config import RouterSettings
@@ -322,9 +329,13 @@ class Epd:
 
 @pytest.fixture(scope="module")
 def epd(
-    tiny_model: Path, vllm_logs: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model: Path,
+    vllm_logs: Path,
+    monolithic: VllmServer,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Epd]:
-    """Real vLLM servers shared by a test module (they take ~30 s to start)."""
+    """Real vLLM servers shared by a test module (a start costs ~40 s of CPU here), and
+    the session's monolithic server."""
     work = tmp_path_factory.mktemp("epd")
     logging_config = work / "logging.json"
     logging_config.write_text(json.dumps(LOGGING_CONFIG))
@@ -342,26 +353,21 @@ def epd(
         log = vllm_logs / f"router-{os.getpid()}-{role}.log"
         return VllmServer(name=role, model=tiny_model, log_path=log, args=args, env=env)
 
-    servers = [
-        server("mono", "0", None),
-        server("producer", "1", "ec_producer"),
-        server("consumer", "0", "ec_consumer"),
-    ]
+    servers = [server("producer", "1", "ec_producer"), server("consumer", "0", "ec_consumer")]
     router: RouterProcess | None = None
     try:
         for s in servers:
             s.start()
         for s in servers:
             s.wait_ready(300)
-        mono, producer, consumer = servers
+        producer, consumer = servers
         router = RouterProcess(
             ["--producers", producer.url, "--consumers", consumer.url, "--log-level", "DEBUG"],
             vllm_logs / f"router-{os.getpid()}-router.log",
             env={"ENCODERPOOL_ROUTER_BACKEND_API_KEY": API_KEY},
         ).start()
-        yield Epd(mono, producer, consumer, router, store)
+        yield Epd(monolithic, producer, consumer, router, store)
     finally:
         if router is not None:
             router.stop()
-        for s in servers:
-            s.stop()
+        stop_all(servers)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from e2e.media import chat_request, image, token_ids, video
-from e2e.vllm_server import VllmServer, base_env, ec_transfer_config, post_json
+from e2e.vllm_server import VllmServer, base_env, ec_transfer_config, post_json, stop_all
 from tests.connector.fixtures import LOGGING_CONFIG
 from tests.router.fixtures import (
     API_KEY,
@@ -65,7 +65,10 @@ class Groups:
 
 @pytest.fixture(scope="module")
 def groups(
-    tiny_model: Path, vllm_logs: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model: Path,
+    vllm_logs: Path,
+    monolithic: VllmServer,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Groups]:
     work = tmp_path_factory.mktemp("groups")
     logging_config = work / "logging.json"
@@ -85,7 +88,6 @@ def groups(
         return VllmServer(name=role, model=tiny_model, log_path=log, args=args, env=env)
 
     servers = [
-        server("mono", "0", None),
         server("consumer", "0", "ec_consumer"),
         server("images", "1", "ec_producer"),
         server("video", "1", "ec_producer"),
@@ -95,11 +97,10 @@ def groups(
             s.start()
         for s in servers:
             s.wait_ready(300)
-        mono, consumer, images, video = servers
-        yield Groups(mono, consumer, images, video, vllm_logs)
+        consumer, images, video = servers
+        yield Groups(monolithic, consumer, images, video, vllm_logs)
     finally:
-        for s in servers:
-            s.stop()
+        stop_all(servers)
 
 
 def test_each_item_goes_to_its_modalitys_group(groups: Groups) -> None:

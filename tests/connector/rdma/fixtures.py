@@ -1,8 +1,11 @@
 """Fixtures for the RDMA connector's real-engine tests (registered in conftest.pytest_plugins).
 
-``rdma_pool``: a monolithic server, an EncoderPoolNixlConnector producer and consumer
-(UCX over tcp/self/sm, the producer's side channel on a free 127.0.0.1 port) and the
-real router in front, shared by a test module and stopped by PID at its end.
+``rdma_pool``: an EncoderPoolNixlConnector producer and consumer (UCX over
+tcp/self/sm, the producer's side channel on a free 127.0.0.1 port) and the real router
+in front, shared by the package's modules (``test_epd``, ``test_video``) and stopped by
+PID at its end, with the session's monolithic server to compare with. A test that
+stops one of them is marked ``breaks_shared_servers``: it runs after the package's
+other tests.
 """
 
 from __future__ import annotations
@@ -94,18 +97,20 @@ class RdmaPool:
         return encoded_hashes(self.producer.log_text())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def rdma_pool(
-    ep_servers: EpFactory, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+    package_servers: EpFactory,
+    monolithic: VllmServer,
+    tiny_model: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RdmaPool]:
     fingerprint = tiny_fingerprint(tiny_model)
     port = free_port()
     extra = rdma_config(fingerprint, port)
     kw: dict[str, Any] = {"connector": CONNECTOR, "module": MODULE, "env": UCX_ENV}
-    mono = ep_servers("mono")
-    producer = ep_servers("producer", role="ec_producer", extra=extra, **kw)
-    consumer = ep_servers("consumer", role="ec_consumer", extra=extra, **kw)
-    for s in (mono, producer, consumer):
+    producer = package_servers("producer", role="ec_producer", extra=extra, **kw)
+    consumer = package_servers("consumer", role="ec_consumer", extra=extra, **kw)
+    for s in (producer, consumer):
         s.wait_ready(300)
     logs = tmp_path_factory.mktemp("rdma-router")
     router = RouterProcess(
@@ -113,6 +118,6 @@ def rdma_pool(
         logs / "router.log",
     ).start()
     try:
-        yield RdmaPool(mono, producer, consumer, router, fingerprint, port)
+        yield RdmaPool(monolithic, producer, consumer, router, fingerprint, port)
     finally:
         router.stop()

@@ -275,8 +275,10 @@ def test_a_slow_loris_is_cut_at_the_deadline_while_honest_peers_are_served(
     assert mm_hash not in pool.consumer_encoded()
 
 
+@pytest.mark.breaks_shared_servers
 def test_producer_killed_consumer_still_answers(rdma_pool: RdmaPool) -> None:
-    """Runs last: the producer is gone, its announced items are encoded by the consumer."""
+    """Runs last in the package: the producer is gone, its announced items are encoded by
+    the consumer."""
     pool = rdma_pool
     png = image(350)
     expected = pool.expected(png)

@@ -5,8 +5,9 @@ Producer and consumer hold the pool's key (env ``ENCODERPOOL_CHANNEL_KEY``), as 
 operator renders them: entries are signed, and forgeries here sign with ``KEY`` when
 they play a key holder.
 
-Servers are shared by the module; every test uses images no other test uses,
-because a consumer's in-memory encoder cache hides entries it has already seen.
+Producer and consumer are shared by the package (``sv_servers``), the monolithic server
+by the session; every test uses images no other test uses, because a consumer's
+in-memory encoder cache hides entries it has already seen.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import pytest
 
 from e2e.media import chat_request, encoder_request, image, image_part, token_ids
 from e2e.vllm_server import VllmServer
-from encoderpool_connector.contracts import CHANNEL_KEY_ENV
 from encoderpool_connector.rdma.auth import ChannelKey
 from encoderpool_connector.shared_volume.entry import (
     Header,
@@ -30,13 +30,11 @@ from encoderpool_connector.shared_volume.entry import (
     entry_name,
     parse_prefix,
 )
-from tests.connector.fixtures import EpFactory, sv_config, tiny_fingerprint
+from tests.connector.shared_volume.fixtures import KEY, SvServers
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.vllm
 
-CHANNEL_KEY = "test-shared-volume-pool-key-0123456789"
-KEY = ChannelKey(CHANNEL_KEY.encode())
 OTHER_KEY = ChannelKey(b"another-pool-s-volume-key-0123456789")
 
 
@@ -87,18 +85,9 @@ def encoder_ran(server: VllmServer, mm_hash: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def pool(ep_servers: EpFactory, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pool:
-    base = tmp_path_factory.mktemp("epd")
-    root = base / "volume" / "ec"
-    extra = sv_config(root, tiny_fingerprint(tiny_model))
-    mono = ep_servers("mono")
-    keyed = {CHANNEL_KEY_ENV: CHANNEL_KEY}
-    producer = ep_servers("producer", role="ec_producer", extra=extra, env=keyed)
-    consumer = ep_servers("consumer", role="ec_consumer", extra=extra, env=keyed)
-    for s in (mono, producer, consumer):
-        s.wait_ready(300)
-    p = Pool(mono, producer, consumer, root)
-    p.fingerprint = extra["model_fingerprint"]
+def pool(monolithic: VllmServer, sv_servers: SvServers) -> Pool:
+    p = Pool(monolithic, sv_servers.producer, sv_servers.consumer, sv_servers.root)
+    p.fingerprint = sv_servers.fingerprint
     return p
 
 

@@ -3,8 +3,9 @@ consumer against a monolithic server, by hand and through the real router.
 
 A video is a few JPEG frames (``e2e.media.video``): 4 frames of 112x112 are 32 encoder
 tokens of width 128, 2 temporal patches of 8x8 after the merge. Servers are shared by
-the module; each test uses videos and images no other test uses (a consumer's encoder
-cache hides items it has already seen).
+the package (``sv_servers``: ``test_epd``'s too), the monolithic server by the session;
+each test uses videos and images no other test uses (a consumer's encoder cache hides
+items it has already seen).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import pytest
 
 from e2e.media import Video, chat_request, encoder_request, image, token_ids, video, video_part
 from e2e.vllm_server import VllmServer, post_json
-from encoderpool_connector.contracts import CHANNEL_KEY_ENV
-from encoderpool_connector.rdma.auth import ChannelKey
 from encoderpool_connector.shared_volume.entry import (
     Header,
     checksum,
@@ -27,20 +26,13 @@ from encoderpool_connector.shared_volume.entry import (
     entry_name,
     parse_prefix,
 )
-from tests.connector.fixtures import (
-    TINY_WIDTHS,
-    EpFactory,
-    producer_widths,
-    sv_config,
-    tiny_fingerprint,
-)
+from tests.connector.fixtures import TINY_WIDTHS, producer_widths
+from tests.connector.shared_volume.fixtures import KEY, SvServers
 from tests.router.fixtures import RouterProcess, encoded_hashes
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.vllm
 
-CHANNEL_KEY = "test-shared-volume-video-key-0123456789"
-KEY = ChannelKey(CHANNEL_KEY.encode())
 TEXT = "Describe this video."
 VIDEO_TOKENS = 32  # 4 frames -> 2 temporal patches x (8 x 8) / (2 x 2) merge
 
@@ -84,30 +76,16 @@ class VideoPool:
 
 
 @pytest.fixture(scope="module")
-def video_pool(
-    ep_servers: EpFactory, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VideoPool]:
-    root = tmp_path_factory.mktemp("video") / "ec"
-    fingerprint = tiny_fingerprint(tiny_model)
-    extra = sv_config(root, fingerprint)
-    keyed = {CHANNEL_KEY_ENV: CHANNEL_KEY}
-    servers = (
-        ep_servers("mono", start=False),
-        ep_servers("producer", role="ec_producer", extra=extra, env=keyed, start=False),
-        ep_servers("consumer", role="ec_consumer", extra=extra, env=keyed, start=False),
-    )
-    for s in servers:  # clients may choose how a video is decoded (media_io_kwargs)
-        s.args = [*s.args, "--trust-request-mm-kwargs"]
-        s.start()
-    for s in servers:
-        s.wait_ready(300)
-    mono, producer, consumer = servers
+def video_pool(monolithic: VllmServer, sv_servers: SvServers) -> Iterator[VideoPool]:
+    producer, consumer = sv_servers.producer, sv_servers.consumer
     router = RouterProcess(
         ["--producers", producer.url, "--consumers", consumer.url],
-        root.parent / "router.log",
+        sv_servers.root.parent / "video-router.log",
     ).start()
     try:
-        yield VideoPool(mono, producer, consumer, router, root, fingerprint)
+        yield VideoPool(
+            monolithic, producer, consumer, router, sv_servers.root, sv_servers.fingerprint
+        )
     finally:
         router.stop()
 

@@ -3,7 +3,8 @@ producer and a TP=2 consumer (tiny Qwen2-VL, whose heads divide by 2) against a 
 monolithic server.
 
 Each server is an API server, an engine core and two worker ranks bound to cores 0
-and 1; they start one after another (2 cores). The consumer carries the connector's
+and 1; they start one after another (2 cores). The monolithic server is the package's
+(``mono_tp2``, shared with the rdma module). The consumer carries the connector's
 test hook (env ``ENCODERPOOL_TEST_FAIL_LOADS``): its rank 1 fails every load while a
 flag file exists, which only the last test creates.
 """
@@ -62,7 +63,10 @@ class Tp2Pool:
 
 @pytest.fixture(scope="module")
 def tp2(
-    ep_servers: EpFactory, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+    ep_servers: EpFactory,
+    mono_tp2: VllmServer,
+    tiny_model: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Tp2Pool:
     base = tmp_path_factory.mktemp("tp2-sv")
     root = base / "volume" / "ec"
@@ -74,15 +78,14 @@ def tp2(
     keyed = {**env, CHANNEL_KEY_ENV: CHANNEL_KEY}
     servers = []
     for name, role, more in (
-        ("mono", None, env),
         ("producer", "ec_producer", keyed),
         ("consumer", "ec_consumer", {**keyed, FAULT_ENV: f"1:{fault}"}),
     ):
-        # One at a time: three TP=2 engines loading at once on two cores time out.
+        # One at a time: TP=2 engines loading at once on two cores time out.
         server = ep_servers(name, role=role, extra=extra, env=more, args=args)
         servers.append(server.wait_ready(300))
-    mono, producer, consumer = servers
-    return Tp2Pool(mono, producer, consumer, root, fingerprint, fault)
+    producer, consumer = servers
+    return Tp2Pool(mono_tp2, producer, consumer, root, fingerprint, fault)
 
 
 def test_tp2_consumer_matches_monolithic_one_write_one_count(tp2: Tp2Pool) -> None:

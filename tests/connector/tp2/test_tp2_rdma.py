@@ -2,7 +2,8 @@
 TP=2 consumer (tiny Qwen2-VL, NIXL over UCX tcp/self/sm) against a TP=2 monolithic server.
 
 Each server is an API server, an engine core and two worker ranks bound to cores 0
-and 1; they start one after another (2 cores). The consumer carries the connector's
+and 1; they start one after another (2 cores). The monolithic server is the package's
+(``mono_tp2``, shared with the shared-volume module). The consumer carries the connector's
 test hook (env ``ENCODERPOOL_TEST_FAIL_LOADS``): its rank 1 fails every copy out of
 the region while a flag file exists, which only the last test creates.
 """
@@ -55,7 +56,10 @@ class Tp2Pool:
 
 @pytest.fixture(scope="module")
 def tp2(
-    ep_servers: EpFactory, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+    ep_servers: EpFactory,
+    mono_tp2: VllmServer,
+    tiny_model: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Tp2Pool:
     fault = tmp_path_factory.mktemp("tp2-rdma") / "fail-rank-1"
     # Nine engine processes share two cores here: give the side channel and READs slack.
@@ -69,15 +73,14 @@ def tp2(
     kw: dict[str, Any] = {"connector": CONNECTOR, "module": MODULE, "args": args}
     servers = []
     for name, role, more in (
-        ("mono", None, env),
         ("producer", "ec_producer", {**UCX_ENV, **env}),
         ("consumer", "ec_consumer", {**UCX_ENV, **env, FAULT_ENV: f"1:{fault}"}),
     ):
-        # One at a time: three TP=2 engines loading at once on two cores time out.
+        # One at a time: TP=2 engines loading at once on two cores time out.
         server = ep_servers(name, role=role, extra=extra, env=more, **kw)
         servers.append(server.wait_ready(300))
-    mono, producer, consumer = servers
-    pool = Tp2Pool(mono, producer, consumer, fault)
+    producer, consumer = servers
+    pool = Tp2Pool(mono_tp2, producer, consumer, fault)
     # Warm-up: the consumer's first side-channel fetch of this producer; later items reuse
     # the fetched metadata and only READ.
     png = image(719)
