@@ -19,9 +19,6 @@ pytest_plugins = [
     "tests.operator.fixtures",
     "tests.connector.fixtures",
     "tests.router.fixtures",
-    "tests.connector.rdma.fixtures",
-    "tests.connector.shared_volume.fixtures",
-    "tests.connector.tp2.fixtures",
 ]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -118,7 +115,7 @@ def vllm_server(
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked ``breaks_shared_servers`` stop servers that several modules of their
-    package share (``package_servers``): they run after every other test of the package
+    package share (a package-scoped fixture): they run after every other test of the package
     (its directory; a package's tests are collected together)."""
     last = {item.path.parent: i for i, item in enumerate(items)}
     held: dict[Path, list[pytest.Item]] = {}

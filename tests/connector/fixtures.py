@@ -2,13 +2,14 @@
 
 Real-engine connector tests share servers (each start costs ~40 s of CPU on these
 2-core machines, nearly all of it three Python processes importing vLLM):
-``ep_servers`` per module, ``package_servers`` per package; both stop every server
-they started, by PID, when their scope ends.
+``ep_servers`` per module, ``servers_for`` in a package's conftest.py per package;
+both stop every server they started, by PID, when their scope ends.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -145,14 +146,21 @@ class Servers:
             print(server.log_tail(60))
 
 
-def _servers(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+@contextlib.contextmanager
+def servers_for(
+    request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Servers]:
+    """A ``Servers`` for the requesting fixture's scope, stopped when it ends. A package's
+    servers come from a fixture in that package's conftest.py: pytest ends a
+    package-scoped fixture with the package that defines it, which for one registered
+    here (a root plugin) would be the whole session."""
     # The module's or package's name ("test_epd", "rdma") prefixes the log files.
-    prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name.removesuffix(".py"))
+    prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.path.name.removesuffix(".py"))
     servers = Servers(tiny_model, tmp_path_factory.mktemp("ep-logs"), prefix)
-    yield servers
-    servers.stop(show_logs=request.session.testsfailed > 0)
+    try:
+        yield servers
+    finally:
+        servers.stop(show_logs=request.session.testsfailed > 0)
 
 
 @pytest.fixture(scope="module")
@@ -162,12 +170,5 @@ def ep_servers(
     """Module-scoped factory: ``ep_servers(name, role=None | "ec_producer" | ..., extra=...)``:
     real-engine connector tests share servers per module (each start costs ~40 s of CPU
     here); every server it started is stopped, by PID, when the module ends."""
-    yield from _servers(tiny_model, tmp_path_factory, request)
-
-
-@pytest.fixture(scope="package")
-def package_servers(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[EpFactory]:
-    """``ep_servers`` for servers that several modules of one package share."""
-    yield from _servers(tiny_model, tmp_path_factory, request)
+    with servers_for(request, tiny_model, tmp_path_factory) as servers:
+        yield servers

@@ -1,27 +1,17 @@
-"""Fixtures for the RDMA connector's real-engine tests (registered in conftest.pytest_plugins).
-
-``rdma_pool``: an EncoderPoolNixlConnector producer and consumer (UCX over
-tcp/self/sm, the producer's side channel on a free 127.0.0.1 port) and the real router
-in front, shared by the package's modules (``test_epd``, ``test_video``) and stopped by
-PID at its end, with the session's monolithic server to compare with. A test that
-stops one of them is marked ``breaks_shared_servers``: it runs after the package's
-other tests.
+"""What the RDMA connector's real-engine tests share: configs, the pool's handle
+(``RdmaPool``; the package's pool itself is ``rdma_pool`` in conftest.py), metrics.
 """
 
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import pytest
-
 from e2e.media import chat_request, encoder_request, image_part, token_ids
-from e2e.vllm_server import VllmServer, free_port
+from e2e.vllm_server import VllmServer
 from encoderpool_connector.contracts import CHANNEL_KEY_ENV, ConnectorConfig
-from tests.connector.fixtures import TINY_WIDTHS, EpFactory, tiny_fingerprint
+from tests.connector.fixtures import TINY_WIDTHS
 from tests.router.fixtures import RouterProcess, encoded_hashes
 
 CONNECTOR = "EncoderPoolNixlConnector"
@@ -95,29 +85,3 @@ class RdmaPool:
 
     def producer_encoded(self) -> set[str]:
         return encoded_hashes(self.producer.log_text())
-
-
-@pytest.fixture(scope="package")
-def rdma_pool(
-    package_servers: EpFactory,
-    monolithic: VllmServer,
-    tiny_model: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[RdmaPool]:
-    fingerprint = tiny_fingerprint(tiny_model)
-    port = free_port()
-    extra = rdma_config(fingerprint, port)
-    kw: dict[str, Any] = {"connector": CONNECTOR, "module": MODULE, "env": UCX_ENV}
-    producer = package_servers("producer", role="ec_producer", extra=extra, **kw)
-    consumer = package_servers("consumer", role="ec_consumer", extra=extra, **kw)
-    for s in (producer, consumer):
-        s.wait_ready(300)
-    logs = tmp_path_factory.mktemp("rdma-router")
-    router = RouterProcess(
-        ["--producers", producer.url, "--consumers", consumer.url, "--log-level", "DEBUG"],
-        logs / "router.log",
-    ).start()
-    try:
-        yield RdmaPool(monolithic, producer, consumer, router, fingerprint, port)
-    finally:
-        router.stop()
