@@ -357,7 +357,7 @@ class Router:
         (a repeated item is encoded once); the merged params of those that answered."""
         by_key: dict[bytes, dict[str, Any]] = {}
         for part in items:
-            by_key.setdefault(media_key(part), part)
+            by_key.setdefault(media_key(part, body.utf8_of), part)
         if len(items) > len(by_key):
             self.metrics.items_by["duplicate"].inc(len(items) - len(by_key))
         if len(by_key) == 1:  # the common case: no semaphore, no gather
