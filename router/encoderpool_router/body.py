@@ -124,11 +124,19 @@ class ClientBody:
     def upstream(self, params: dict[str, Any] | None = None) -> bytes:
         """The bytes to send: the client's plus ``params`` as ``ec_transfer_params``,
         else the parsed body (with ``params``) serialised. ``data`` is never left changed."""
+        parts = self.upstream_parts(params)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def upstream_parts(
+        self, params: dict[str, Any] | None = None
+    ) -> tuple[bytes] | tuple[memoryview, bytes]:
+        """``upstream`` as the buffers it is made of, not joined: a view of the client's
+        bytes and the spliced tail, so a 2 MB body is not copied to be sent."""
         if self.verbatim:
-            return self.raw if not params else splice_last_field(self.raw, self.data, params)
+            return (self.raw,) if not params else splice_parts(self.raw, self.data, params)
         if not params:
-            return json.dumps(self.data).encode()
-        return json.dumps({**self.data, EC_TRANSFER_PARAMS: params}).encode()
+            return (json.dumps(self.data).encode(),)
+        return (json.dumps({**self.data, EC_TRANSFER_PARAMS: params}).encode(),)
 
 
 def parse(raw: bytes) -> ClientBody:
@@ -252,12 +260,19 @@ def _closing_quote(raw: bytes, start: int) -> int | None:
 def splice_last_field(raw: bytes, data: dict[str, Any], params: dict[str, Any]) -> bytes:
     """``raw`` (a JSON object whose parse is ``data``, free of ``ec_transfer_params``)
     with ``"ec_transfer_params": params`` added as its last member."""
+    return b"".join(splice_parts(raw, data, params))
+
+
+def splice_parts(
+    raw: bytes, data: dict[str, Any], params: dict[str, Any]
+) -> tuple[memoryview, bytes]:
+    """``splice_last_field`` unjoined: ``raw`` up to its final ``}`` (a view), then the
+    field and the ``}``."""
     end = len(raw.rstrip(_JSON_WS)) - 1
     if end < 0 or raw[end] != 0x7D:  # "}": json.loads would not have given a dict
         raise ValueError("not a JSON object")
     field = json.dumps({EC_TRANSFER_PARAMS: params}).encode()  # b'{"ec_transfer_params": ...}'
-    sep = b"," if data else b""
-    return b"".join((memoryview(raw)[:end], sep, memoryview(field)[1:]))
+    return memoryview(raw)[:end], (b"," if data else b"") + field[1:]
 
 
 # Long strings only: for short ones serialising is cheaper than looking.

@@ -165,17 +165,28 @@ def encoder_request_bytes(
     """``encoder_request`` serialised. A long media URL (a data: URL of a large image)
     is not serialised again: ``literal`` finds its JSON literal in the client's bytes
     (``ClientBody.literal``) and that is copied in, once."""
+    parts = encoder_request_parts(body, part, literal)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def encoder_request_parts(
+    body: dict[str, Any],
+    part: dict[str, Any],
+    literal: Callable[[str], memoryview | None] | None = None,
+) -> tuple[bytes] | tuple[bytes, memoryview, bytes]:
+    """``encoder_request_bytes`` unjoined: with a literal found, the serialised head,
+    the literal (a view of the client's bytes) and the tail, sent as they are."""
     req = encoder_request(body, part)
     url = media_url(part)
     found = literal(url) if literal is not None and url is not None else None
     if found is None:
-        return json.dumps(req).encode()
+        return (json.dumps(req).encode(),)
     kind = str(part["type"])
     marker = "\u0000encoderpool-url\u0000"
     stub = {**part, kind: {**part[kind], "url": marker}}
     text = json.dumps({**req, "messages": [{"role": "user", "content": [stub]}]}).encode()
     quoted = json.dumps(marker).encode()
     if text.count(quoted) != 1:  # the marker spelled elsewhere too (a client's key or value)
-        return json.dumps(req).encode()
+        return (json.dumps(req).encode(),)
     head, _, tail = text.partition(quoted)
-    return b"".join((head, found, tail))
+    return head, found, tail
