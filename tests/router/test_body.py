@@ -459,3 +459,17 @@ def test_multibyte_characters_next_to_a_long_value_are_cut_intact() -> None:
     view = b.utf8_of(b.data["v"])
     assert view is not None
     assert bytes(view) == value.encode()
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32"])
+def test_other_encodings_with_a_long_value_are_parsed_as_before(encoding: str) -> None:
+    """Their quote bytes are found by the walk too, but the skeleton is no JSON as
+    UTF-8 (NULs between the characters): json's own detection parses the body."""
+    doc = chat(long_url(100_000))
+    raw = json.dumps(doc).encode(encoding)
+    b = parse(raw)
+    assert not b.verbatim
+    assert b.data == doc
+    part = b.data["messages"][1]["content"][1]
+    assert b.utf8_of(part["image_url"]["url"]) is None
+    assert json.loads(b.upstream(PARAMS)) == {**doc, EC: PARAMS}
