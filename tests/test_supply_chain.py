@@ -77,6 +77,21 @@ def test_the_connector_extras_and_the_core_are_pinned_by_the_lock() -> None:
     )
 
 
+def test_the_operator_images_extras_are_pinned_by_the_lock() -> None:
+    """The operator image (``.[operator,router]``, docker/operator.Dockerfile) installs
+    offline from a wheelhouse made with the lock's constraints: a requirement missing
+    from the lock would be resolved from PyPI at whatever version is newest."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    pins = locked()
+    for raw in (*extras["operator"], *extras["router"]):
+        req = Requirement(raw)
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} (from pyproject) is not in requirements/lock.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), (raw, pins[name])
+    assert "blake3" in {canonicalize_name(Requirement(r).name) for r in extras["router"]}
+
+
 def test_no_image_comes_from_a_registry_by_tag() -> None:
     """Offline builds (what tests use) start from local roots; --online refuses bases that
     are not pinned by digest."""

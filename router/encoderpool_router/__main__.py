@@ -10,6 +10,7 @@ from aiohttp import web
 
 from encoderpool_router.app import Router, build_app, metrics_lifespan
 from encoderpool_router.config import parse_settings
+from encoderpool_router.heap import keep_freed_memory
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,6 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request is noise
+    keep_freed_memory()  # large bodies reuse freed buffers instead of faulting pages in
     try:
         router = Router(settings)
     except ValueError as e:  # the client token file cannot be used

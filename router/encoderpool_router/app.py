@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -45,7 +45,7 @@ from encoderpool_router.body import ClientBody, NotAnObject, parse
 from encoderpool_router.config import RouterSettings
 from encoderpool_router.media import (
     MODALITY,
-    encoder_request_bytes,
+    encoder_request_parts,
     media_items,
     media_key,
     media_url,
@@ -53,6 +53,7 @@ from encoderpool_router.media import (
     url_problem,
 )
 from encoderpool_router.metrics import RouterMetrics
+from encoderpool_router.parts import payload
 from encoderpool_router.policy import (
     RecentlyEncoded,
     choose_consumer,
@@ -357,7 +358,7 @@ class Router:
         (a repeated item is encoded once); the merged params of those that answered."""
         by_key: dict[bytes, dict[str, Any]] = {}
         for part in items:
-            by_key.setdefault(media_key(part), part)
+            by_key.setdefault(media_key(part, body.utf8_of), part)
         if len(items) > len(by_key):
             self.metrics.items_by["duplicate"].inc(len(items) - len(by_key))
         if len(by_key) == 1:  # the common case: no semaphore, no gather
@@ -412,7 +413,7 @@ class Router:
         self.metrics.producers_in_flight.inc()
         try:
             params = await self._post_producer(
-                producer, encoder_request_bytes(body.data, part, body.literal), rid
+                producer, encoder_request_parts(body.data, part, body.literal), rid
             )
             if self.recent is not None:
                 self.recent.add(key)
@@ -433,11 +434,13 @@ class Router:
             self.metrics.producers_in_flight.dec()
             self.metrics.producer_latency.observe(time.perf_counter() - start)
 
-    async def _post_producer(self, producer: Backend, req: bytes, rid: str) -> dict[str, Any]:
+    async def _post_producer(
+        self, producer: Backend, req: Sequence[bytes | memoryview], rid: str
+    ) -> dict[str, Any]:
         try:
             async with self.session.post(
                 producer.url + CHAT_PATH,
-                data=req,
+                data=payload(req, _JSON),  # the client's literal as a view, not joined
                 headers={"Content-Type": _JSON, REQUEST_ID: rid, **self._upstream_auth},
                 timeout=self._producer_timeout,
             ) as resp:
@@ -504,7 +507,7 @@ class Router:
         rid: str,
     ) -> web.StreamResponse:
         """Send to a consumer, retrying a failure on another; relay its answer."""
-        data = body.upstream(params) if body is not None else None
+        data = body.upstream_parts(params) if body is not None else None
         tried: list[Backend] = []
         attempts = 1 + self.settings.consumer_retries
         last = ""
@@ -519,7 +522,7 @@ class Router:
                     # What the first consumer could not obtain must not fail the
                     # retry: without params the next one loads what it finds, or encodes.
                     params = {}
-                    data = body.upstream()
+                    data = body.upstream_parts()
             tried.append(consumer)
             try:
                 return await self._try_consumer(
@@ -538,7 +541,7 @@ class Router:
         request: web.Request,
         consumer: Backend,
         path: str,
-        data: bytes | None,
+        data: Sequence[bytes | memoryview] | None,
         rid: str,
         last_try: bool,
     ) -> web.StreamResponse:
@@ -556,7 +559,10 @@ class Router:
                 else:
                     headers["Content-Type"] = _JSON
                     resp = await self.session.post(
-                        consumer.url + path, data=data, headers=headers, timeout=timeout
+                        consumer.url + path,
+                        data=payload(data, _JSON),  # a large body in pieces, not joined
+                        headers=headers,
+                        timeout=timeout,
                     )
             except TimeoutError:
                 raise UpstreamError("consumer_timeout", "no answer in time", eject=True) from None

@@ -20,9 +20,11 @@ sent on only when
 Otherwise, or once the router changed anything else (a dropped ``uuid``),
 the parsed body is re-serialised, as it always was.
 
-Two more savings for large images: json's character-by-character scan skips
-long string values (``_loads``), and a producer request copies a long URL's
-literal from the client's bytes (``string_literal``) instead of serialising it.
+More savings for large images: json's character-by-character scan skips long
+string values, which are cut out of the bytes and decoded alone (``_loads``: the
+body is never decoded whole); the media key hashes such a value's bytes as the
+client sent them (``ClientBody.utf8_of``), and a producer request copies its
+literal from them (``ClientBody.literal``) instead of serialising it.
 """
 
 from __future__ import annotations
@@ -72,18 +74,47 @@ class NotAnObject(ValueError):
 
 
 class ClientBody:
-    """The parsed body (``data``) and whether ``raw`` may still go upstream as is."""
+    """The parsed body (``data``) and whether ``raw`` may still go upstream as is.
 
-    __slots__ = ("data", "raw", "utf8", "verbatim")
+    ``cut``: the long values ``_loads`` cut out of ``raw``, by the identity of the
+    ``str`` in ``data``: where each stands in ``raw``, between its quotes. Such a
+    value holds no backslash, so those bytes are exactly its UTF-8 encoding and,
+    quoted, its JSON literal: the media key hashes them and a producer request
+    copies them, with no search and no encoding of a 2 MB string.
+    """
 
-    def __init__(self, raw: bytes, data: dict[str, Any], verbatim: bool, utf8: bool) -> None:
+    __slots__ = ("cut", "data", "raw", "utf8", "verbatim")
+
+    def __init__(
+        self,
+        raw: bytes,
+        data: dict[str, Any],
+        verbatim: bool,
+        utf8: bool,
+        cut: dict[int, tuple[str, int, int]] | None = None,
+    ) -> None:
         self.raw = raw
         self.data = data
         self.verbatim = verbatim
         self.utf8 = utf8  # raw is strict UTF-8 JSON, parsed as such: string_literal may look
+        self.cut = cut or {}
+
+    def _span(self, value: str) -> tuple[int, int] | None:
+        found = self.cut.get(id(value))
+        # Identity, not equality: hashing a 2 MB str for a dict would cost a scan of it.
+        # The str is held in ``cut``, so its id cannot name another object meanwhile.
+        return (found[1], found[2]) if found is not None and found[0] is value else None
+
+    def utf8_of(self, value: str) -> memoryview | None:
+        """``value.encode()`` as the client's own bytes, for a long value ``_loads`` cut out."""
+        span = self._span(value)
+        return memoryview(self.raw)[span[0] : span[1]] if span is not None else None
 
     def literal(self, value: str) -> memoryview | None:
         """``value``'s JSON literal as it stands in the client's bytes (see ``string_literal``)."""
+        span = self._span(value)
+        if span is not None:
+            return memoryview(self.raw)[span[0] - 1 : span[1] + 1]  # with its quotes
         return string_literal(self.raw, value) if self.utf8 else None
 
     def changed(self) -> None:
@@ -93,33 +124,37 @@ class ClientBody:
     def upstream(self, params: dict[str, Any] | None = None) -> bytes:
         """The bytes to send: the client's plus ``params`` as ``ec_transfer_params``,
         else the parsed body (with ``params``) serialised. ``data`` is never left changed."""
+        parts = self.upstream_parts(params)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def upstream_parts(
+        self, params: dict[str, Any] | None = None
+    ) -> tuple[bytes] | tuple[memoryview, bytes]:
+        """``upstream`` as the buffers it is made of, not joined: a view of the client's
+        bytes and the spliced tail, so a 2 MB body is not copied to be sent."""
         if self.verbatim:
-            return self.raw if not params else splice_last_field(self.raw, self.data, params)
+            return (self.raw,) if not params else splice_parts(self.raw, self.data, params)
         if not params:
-            return json.dumps(self.data).encode()
-        return json.dumps({**self.data, EC_TRANSFER_PARAMS: params}).encode()
+            return (json.dumps(self.data).encode(),)
+        return (json.dumps({**self.data, EC_TRANSFER_PARAMS: params}).encode(),)
 
 
 def parse(raw: bytes) -> ClientBody:
     """The body as the router and the consumer will both read it; a client's top-level
     ``ec_transfer_params`` dropped. ValueError (json's) when it is not JSON,
     ``NotAnObject`` when it is JSON but not an object."""
+    hook = _Objects()
+    cut: dict[int, tuple[str, int, int]] = {}
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    if text is not None:
-        hook = _Objects()
-        try:
-            data = _loads(text, hook)
-        except ValueError:
-            pass
-        else:
-            if not isinstance(data, dict):
-                raise NotAnObject("request body must be a JSON object")
-            verbatim = not hook.repeated and EC_TRANSFER_PARAMS not in data
-            data.pop(EC_TRANSFER_PARAMS, None)
-            return ClientBody(raw, data, verbatim, utf8=True)
+        data = _loads(raw, hook, cut)
+    except ValueError:  # not strict UTF-8 (UnicodeDecodeError), or not JSON as such
+        pass
+    else:
+        if not isinstance(data, dict):
+            raise NotAnObject("request body must be a JSON object")
+        verbatim = not hook.repeated and EC_TRANSFER_PARAMS not in data
+        data.pop(EC_TRANSFER_PARAMS, None)
+        return ClientBody(raw, data, verbatim, utf8=True, cut=cut)
     # Not plain UTF-8 JSON (a BOM, another encoding, or garbage): exactly what the
     # router always did, json's detection of the encoding included; never sent as is.
     data = json.loads(raw)
@@ -141,68 +176,79 @@ _STRINGS_WALKED = 4096
 _RUN = 64  # backslashes before a quote, or whitespace before a value
 
 
-def _loads(text: str, hook: _Objects) -> Any:
-    """``json.loads(text, object_pairs_hook=hook)``, faster for long string values.
+def _loads(raw: bytes, hook: _Objects, cut: dict[int, tuple[str, int, int]]) -> Any:
+    """``json.loads(raw.decode(), object_pairs_hook=hook)``, faster for long string values;
+    each long value put back is noted in ``cut`` (see ``ClientBody``).
 
     A long string standing as an object's value, with no backslash in it, decodes
-    to exactly the characters between its quotes: those are cut out with ``find``,
-    json parses the rest with a stand-in in their place, and the hook puts them
-    back. One difference from json, on purpose: such a value's raw control
-    characters (invalid JSON) are not looked for; the consumer, parsing the same
-    bytes with json, refuses that body, so nothing the router let through is read
-    differently there.
+    to exactly the characters between its quotes: those bytes are decoded alone,
+    the rest (the skeleton, with a stand-in in their place) is decoded and parsed
+    by json, and the hook puts the values back. The body is never decoded whole:
+    the pieces are cut at quotes, which in UTF-8 are never part of another
+    character, so the body is strict UTF-8 exactly when every piece is (a
+    UnicodeDecodeError otherwise, as for the whole). One difference from json, on
+    purpose: such a value's raw control characters (invalid JSON) are not looked
+    for; the consumer, parsing the same bytes with json, refuses that body, so
+    nothing the router let through is read differently there.
     """
-    spans = _long_values(text) if len(text) >= LONG_VALUE else []
+    spans = _long_values(raw) if len(raw) >= LONG_VALUE else []
     if not spans:
-        return json.loads(text, object_pairs_hook=hook)
-    pieces: list[str] = []
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=hook)
+    view = memoryview(raw)
+    pieces: list[bytes | memoryview] = []
+    where: dict[str, tuple[int, int]] = {}
     prev = 0
     for n, (start, end) in enumerate(spans):
         stand_in = f"{_STAND_IN}{n}"
-        hook.long[stand_in] = text[start:end]
-        pieces += (text[prev:start], json.dumps(stand_in)[1:-1])
+        hook.long[stand_in] = str(view[start:end], "utf-8")
+        where[stand_in] = (start, end)
+        pieces += (view[prev:start], json.dumps(stand_in)[1:-1].encode())
         prev = end
-    pieces.append(text[prev:])
-    data = json.loads("".join(pieces), object_pairs_hook=hook)
+    pieces.append(view[prev:])
+    data = json.loads(b"".join(pieces).decode("utf-8"), object_pairs_hook=hook)
     if hook.put_back != len(spans):  # not where the walk said: let json do it all
         hook.reset()
-        return json.loads(text, object_pairs_hook=hook)
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=hook)
+    for stand_in, value in hook.long.items():
+        cut[id(value)] = (value, *where[stand_in])
     return data
 
 
-def _long_values(text: str) -> list[tuple[int, int]]:
-    """Where the long, backslash-free strings that are object values lie in ``text``
+def _long_values(raw: bytes) -> list[tuple[int, int]]:
+    """Where the long, backslash-free strings that are object values lie in ``raw``
     (between their quotes), walking string by string as json tokenises a valid text;
-    none when the walk would be long (``_STRINGS_WALKED``, ``_RUN``)."""
+    none when the walk would be long (``_STRINGS_WALKED``, ``_RUN``). Bytes, not
+    characters: in UTF-8 the quote, backslash, colon and whitespace bytes only ever
+    stand for themselves."""
     spans: list[tuple[int, int]] = []
     i = 0
     for _ in range(_STRINGS_WALKED):
-        start = text.find('"', i)
+        start = raw.find(b'"', i)
         if start < 0:
             return spans
-        end = _closing_quote(text, start)
+        end = _closing_quote(raw, start)
         if end is None:
             return []
-        if end - start > LONG_VALUE and text.find("\\", start, end) < 0:
+        if end - start > LONG_VALUE and raw.find(b"\\", start, end) < 0:
             k = start - 1
-            while k >= 0 and start - k <= _RUN and text[k] in " \t\n\r":
+            while k >= 0 and start - k <= _RUN and raw[k] in _JSON_WS:
                 k -= 1
-            if k >= 0 and text[k] == ":":
+            if k >= 0 and raw[k] == 0x3A:  # ":"
                 spans.append((start + 1, end))
         i = end + 1
     return []
 
 
-def _closing_quote(text: str, start: int) -> int | None:
+def _closing_quote(raw: bytes, start: int) -> int | None:
     """The quote closing the string opened at ``start``; None if there is none or
     a run of backslashes before a quote is longer than ``_RUN``."""
     j = start + 1
     while True:
-        q = text.find('"', j)
+        q = raw.find(b'"', j)
         if q < 0:
             return None
         run = q
-        while text[run - 1] == "\\":
+        while raw[run - 1] == 0x5C:  # a backslash
             run -= 1
             if q - run > _RUN:
                 return None
@@ -214,12 +260,19 @@ def _closing_quote(text: str, start: int) -> int | None:
 def splice_last_field(raw: bytes, data: dict[str, Any], params: dict[str, Any]) -> bytes:
     """``raw`` (a JSON object whose parse is ``data``, free of ``ec_transfer_params``)
     with ``"ec_transfer_params": params`` added as its last member."""
+    return b"".join(splice_parts(raw, data, params))
+
+
+def splice_parts(
+    raw: bytes, data: dict[str, Any], params: dict[str, Any]
+) -> tuple[memoryview, bytes]:
+    """``splice_last_field`` unjoined: ``raw`` up to its final ``}`` (a view), then the
+    field and the ``}``."""
     end = len(raw.rstrip(_JSON_WS)) - 1
     if end < 0 or raw[end] != 0x7D:  # "}": json.loads would not have given a dict
         raise ValueError("not a JSON object")
     field = json.dumps({EC_TRANSFER_PARAMS: params}).encode()  # b'{"ec_transfer_params": ...}'
-    sep = b"," if data else b""
-    return b"".join((memoryview(raw)[:end], sep, memoryview(field)[1:]))
+    return memoryview(raw)[:end], (b"," if data else b"") + field[1:]
 
 
 # Long strings only: for short ones serialising is cheaper than looking.

@@ -16,7 +16,7 @@ import pytest
 
 from encoderpool_router import body as body_mod
 from encoderpool_router.body import NotAnObject, parse, splice_last_field, string_literal
-from encoderpool_router.media import encoder_request, encoder_request_bytes
+from encoderpool_router.media import encoder_request, encoder_request_bytes, media_key
 
 EC = "ec_transfer_params"
 PARAMS = {"abc123": {"num_encoder_tokens": 16, "encoderpool": {"v": 1, "fingerprint": "0" * 16}}}
@@ -311,8 +311,7 @@ def test_random_documents_parse_as_json_parses_them_with_long_values_cut_out() -
             indent=rng.choice([None, 0, 2, "\t"]),
             separators=rng.choice([None, (",", ":"), (" ,\n", " :  ")]),
         ).encode()
-        text = raw.decode()
-        cut += bool(body_mod._long_values(text))
+        cut += bool(body_mod._long_values(raw))
         b = parse(raw)
         assert b.data == {k: v for k, v in json.loads(raw).items() if k != EC}, (i, raw)
         assert b.verbatim == (EC not in doc), (i, raw)
@@ -352,7 +351,7 @@ def test_a_client_cannot_spell_the_stand_in() -> None:
     ],
 )
 def test_bodies_built_to_make_the_walk_long_are_parsed_by_json(raw: bytes) -> None:
-    assert body_mod._long_values(raw.decode()) == []
+    assert body_mod._long_values(raw) == []
     assert parse(raw).data == json.loads(raw)
 
 
@@ -369,7 +368,108 @@ def test_a_long_value_with_a_raw_control_character_is_the_consumers_to_refuse() 
 def test_a_large_image_body_is_cut_and_equals_json() -> None:
     url = long_url(2_000_000)
     raw = json.dumps(chat(url)).encode()
-    text = raw.decode()
-    (span,) = body_mod._long_values(text)
-    assert text[span[0] : span[1]] == url
+    (span,) = body_mod._long_values(raw)
+    assert raw[span[0] : span[1]] == url.encode()
     assert parse(raw).data == json.loads(raw)
+
+
+# --- long values read from the client's bytes: key, literal, strict UTF-8 ---------------------
+
+
+def test_a_long_urls_key_and_literal_come_from_the_clients_bytes() -> None:
+    url = long_url(100_000)
+    raw = json.dumps(chat(url, text="caf\u00e9 \U0001f600"), ensure_ascii=False).encode()
+    b = parse(raw)
+    part = b.data["messages"][1]["content"][1]
+    seen = b.data["messages"][1]["content"][1]["image_url"]["url"]
+    view = b.utf8_of(seen)
+    assert view is not None
+    assert view.obj is raw
+    assert bytes(view) == url.encode()
+    assert media_key(part, b.utf8_of) == media_key(part)  # the same key either way
+    assert media_key(part, b.utf8_of) == media_key(json.loads(raw)["messages"][1]["content"][1])
+    literal = b.literal(seen)
+    assert literal is not None
+    assert bytes(literal) == json.dumps(url).encode()
+    # An equal string that is not the parsed one is not taken for it (identity, not value).
+    assert b.utf8_of(url) is None
+    assert b.utf8_of("x") is None
+
+
+def test_a_long_url_with_escapes_is_json_parsed_and_hashed_from_its_value() -> None:
+    url = long_url(100_000)
+    raw = json.dumps(chat(url)).replace("/", "\\/").encode()  # every slash escaped
+    b = parse(raw)
+    assert b.verbatim
+    part = b.data["messages"][1]["content"][1]
+    assert part["image_url"]["url"] == url
+    assert b.utf8_of(part["image_url"]["url"]) is None  # not cut out: json decoded it
+    assert media_key(part, b.utf8_of) == media_key(chat(url)["messages"][1]["content"][1])
+    assert b.literal(part["image_url"]["url"]) is None  # not standing plainly in the bytes
+    out = encoder_request_bytes(b.data, part, b.literal)
+    assert json.loads(out) == encoder_request(b.data, part)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": "' + b"x" * 70_000 + b'\xff"}',  # invalid UTF-8 inside the long value
+        b'{"a": "' + b"x" * 70_000 + b'\xc3"}',  # a character cut short by the quote
+        b'{"b": "\xff", "a": "' + b"x" * 70_000 + b'"}',  # in the skeleton
+        b'{"a": "' + b"x" * 70_000 + b'", "b": "\xed\xa0\x80"}',  # an encoded surrogate
+    ],
+)
+def test_a_body_not_strict_utf8_anywhere_is_parsed_as_before_never_sent_as_is(raw: bytes) -> None:
+    """As when the body was decoded whole: json's own decoding of the bytes decides
+    (it passes an encoded surrogate), and what it accepts is re-serialised."""
+    with pytest.raises(ValueError, match=r"\w"):
+        raw.decode("utf-8")
+    assert body_mod._long_values(raw)  # the cut is taken: each piece is checked
+    try:
+        expected = json.loads(raw)
+    except ValueError:
+        with pytest.raises(ValueError, match=r"\w"):
+            parse(raw)
+        return
+    b = parse(raw)
+    assert b.data == expected
+    assert not b.verbatim
+    assert b.literal(b.data["a"]) is None
+    assert b.utf8_of(b.data["a"]) is None
+
+
+def test_a_bom_before_a_long_value_is_parsed_as_before_and_re_serialised() -> None:
+    url = long_url(100_000)
+    raw = b"\xef\xbb\xbf" + json.dumps(chat(url)).encode()
+    b = parse(raw)
+    assert not b.verbatim
+    assert b.data == chat(url)
+    part = b.data["messages"][1]["content"][1]
+    assert b.utf8_of(part["image_url"]["url"]) is None
+    assert b.literal(part["image_url"]["url"]) is None
+
+
+def test_multibyte_characters_next_to_a_long_value_are_cut_intact() -> None:
+    value = "\u00e9" * 40_000 + "\U0001f600" * 20_000  # long in bytes, no backslash
+    doc = {"\u00e9": "\u20ac", "v": value, "w": "\U0001f600"}
+    raw = json.dumps(doc, ensure_ascii=False).encode()
+    b = parse(raw)
+    assert b.data == doc
+    assert b.verbatim
+    view = b.utf8_of(b.data["v"])
+    assert view is not None
+    assert bytes(view) == value.encode()
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32"])
+def test_other_encodings_with_a_long_value_are_parsed_as_before(encoding: str) -> None:
+    """Their quote bytes are found by the walk too, but the skeleton is no JSON as
+    UTF-8 (NULs between the characters): json's own detection parses the body."""
+    doc = chat(long_url(100_000))
+    raw = json.dumps(doc).encode(encoding)
+    b = parse(raw)
+    assert not b.verbatim
+    assert b.data == doc
+    part = b.data["messages"][1]["content"][1]
+    assert b.utf8_of(part["image_url"]["url"]) is None
+    assert json.loads(b.upstream(PARAMS)) == {**doc, EC: PARAMS}
