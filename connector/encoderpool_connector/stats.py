@@ -110,6 +110,14 @@ class LockedStats(Generic[S]):
             self._pending.add(key, value)
             self.totals.add(key, value)
 
+    def add_many(self, values: dict[str, float]) -> None:
+        """``add`` for several counters under one lock (zeros are skipped)."""
+        with self._lock:
+            for key, value in values.items():
+                if value:
+                    self._pending.add(key, value)
+                    self.totals.add(key, value)
+
     def take(self) -> S | None:
         with self._lock:
             return self._pending.take()

@@ -12,7 +12,13 @@ import torch
 
 from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.loadbuffers import MIN_POOLED_BYTES, LoadBuffers
-from encoderpool_connector.shared_volume.entry import Expect, Header, checksum, entry_name
+from encoderpool_connector.shared_volume.entry import (
+    Expect,
+    Header,
+    checksum,
+    entry_name,
+    read_prefix,
+)
 from encoderpool_connector.shared_volume.metadata import LoadSpec, SharedVolumeMetadata
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
 from encoderpool_connector.shared_volume.worker import SharedVolumeWorker
@@ -124,8 +130,15 @@ def spec_for(pins: Pins, mm_hash: str, shape: tuple[int, int]) -> LoadSpec:
     that corrupt an entry do so after this point, as a hostile writer would)."""
     pin = pins.pin(entry_name(FP, mm_hash))
     assert pin is not None
-    st = os.stat(os.path.join(pins.dir, pin))
-    return LoadSpec(mm_hash, pins.subdir, pin, True, "bfloat16", shape, (st.st_dev, st.st_ino))
+    fd = os.open(os.path.join(pins.dir, pin), os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        offset = read_prefix(fd)[1]
+    finally:
+        os.close(fd)
+    return LoadSpec(
+        mm_hash, pins.subdir, pin, True, "bfloat16", shape, (st.st_dev, st.st_ino), offset
+    )
 
 
 def test_loads_come_from_the_pool_and_stay_intact_while_cached(tmp_path: Path) -> None:
