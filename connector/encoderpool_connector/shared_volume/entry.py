@@ -34,13 +34,16 @@ import os
 import stat
 import struct
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import blake3
 from typing_extensions import Buffer
 
 from encoderpool_connector.contracts import DTYPE_BYTES, payload_bytes
 from encoderpool_connector.rdma.auth import ChannelKey
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # 2: the optional ``mac``. A version-1 entry (an older producer) is a miss.
 FORMAT_VERSION = 2
@@ -311,7 +314,7 @@ def verify_fd_at(fd: int, expect: Expect) -> tuple[Header, int]:
         raise EntryError(f"read failed: {e.strerror}") from None
 
 
-def read_payload(fd: int, out: Buffer, offset: int, nbytes: int) -> None:
+def read_payload(fd: int, out: Buffer | np.ndarray, offset: int, nbytes: int) -> None:
     """Read the ``nbytes`` of payload of a verified, open entry from ``offset`` into ``out``
     (a writable, contiguous buffer of exactly that size: a numpy array, a bytearray).
 
@@ -319,10 +322,11 @@ def read_payload(fd: int, out: Buffer, offset: int, nbytes: int) -> None:
     never written again) and checked its size, and takes dtype, shape and ``offset`` from
     the verification. One ``preadv`` on the hot path; more only after a short read.
     """
-    done = os.preadv(fd, [out], offset)
+    buffers: list[Any] = [out]  # numpy's stubs declare no buffer protocol before 3.12
+    done = os.preadv(fd, buffers, offset)
     if done == nbytes:
         return
-    view = memoryview(out).cast("B")
+    view = memoryview(cast(Buffer, out)).cast("B")
     if len(view) != nbytes:
         raise EntryError(f"buffer of {len(view)} bytes for a payload of {nbytes}")
     while done < nbytes:
