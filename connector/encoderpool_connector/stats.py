@@ -112,11 +112,13 @@ class LockedStats(Generic[S]):
 
     def add_many(self, values: dict[str, float]) -> None:
         """``add`` for several counters under one lock (zeros are skipped)."""
+        pending, totals = self._pending, self.totals
         with self._lock:
             for key, value in values.items():
                 if value:
-                    self._pending.add(key, value)
-                    self.totals.add(key, value)
+                    assert key in pending.counters, key
+                    pending.data[key] = pending.data.get(key, 0) + value
+                    totals.data[key] = totals.data.get(key, 0) + value
 
     def take(self) -> S | None:
         with self._lock:

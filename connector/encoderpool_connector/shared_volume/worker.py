@@ -196,6 +196,7 @@ class SharedVolumeWorker(OnDevice):
             DEFAULT_LOAD_BUFFER_BYTES if sv.load_buffer_bytes is None else sv.load_buffer_bytes
         )
         self._buffers: LoadBuffers | None = None  # made on the first load (needs the device)
+        self._loaded_bytes = 0  # the payload size of the last load, for the step's counters
         self._fallback_logged = False
         self.writer: BackgroundWriter | None = None
         if is_consumer:
@@ -251,12 +252,14 @@ class SharedVolumeWorker(OnDevice):
             encoder_cache[spec.mm_hash] = tensor
             failed.append(False)
             loaded += 1
-            loaded_bytes += tensor.nbytes
-        # Counted once per step, not per load: each locked update is a few steps more on
-        # the step path, where every step is slow (the copies leave the CPU caches cold).
+            loaded_bytes += self._loaded_bytes
+        # Counted once per step, not per load: on the step path every call is slow (the
+        # copies leave the CPU caches cold), and each counter update is several.
         self.stats.add_many(
             {"loads": loaded, "load_bytes": loaded_bytes, "load_seconds": time.perf_counter() - t0}
         )
+        if self.rank.world_size == 1 and True not in failed:
+            return  # nothing to agree on with other ranks, nothing to encode instead
         agreed = self.rank.agree(failed)  # every rank calls it (a collective under TP)
         redo = [
             Failing(spec.mm_hash, spec.request_id, spec.index)
@@ -277,7 +280,7 @@ class SharedVolumeWorker(OnDevice):
         try:
             if self.rank.injected_fault():
                 raise OSError(f"test hook: loads on rank {self.rank.rank} fail")
-            nbytes = payload_bytes(spec.dtype, spec.shape)
+            nbytes = self._loaded_bytes = payload_bytes(spec.dtype, spec.shape)
             device = self._target_device()
             tensor, target = self._buffer(nbytes, spec, device)
             # Under the root's fds, never through a link, only the verified inode, and
