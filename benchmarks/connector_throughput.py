@@ -9,18 +9,22 @@ about 9.3 MB); "small" is the tiny model's (64 x 128). Reported per item:
   synchronously; ours hands the tensor to the background writer.
 - load: time on the step path until the tensor is usable in memory. The
   example's safetensors load maps the file lazily, so it is followed by a
-  copy (what a GPU upload would read); ours reads into a reused buffer of the
-  worker's pool (the tensor is dropped after each check, as vLLM frees an
-  item, so its buffer serves the next load; the first load, which makes the
-  buffer, is reported apart). Warm: right after our verification read the
-  entry, which is when a consumer loads. Also: ours with the pool off (a
-  fresh tensor per load: the first-touch faults) and ours cold (the file's
-  pages dropped with posix_fadvise DONTNEED just before).
+  copy (what a GPU upload would read); ours is the worker's step-path entry,
+  ``start_load_caches`` with the one item (its per-step work included), reading
+  into a reused buffer of the worker's pool (the tensor is dropped after each
+  check, as vLLM frees an item, so its buffer serves the next load; the first
+  load, which makes the buffer, is reported apart). Warm: right after our
+  verification read the entry, which is when a consumer loads. Also: ours with
+  the pool off (a fresh tensor per load: the first-touch faults) and ours cold
+  (the file's pages dropped with posix_fadvise DONTNEED after the verification).
   Our checksum verification runs before that, on the scheduler's thread pool
   (off the step path); its time is reported separately, not hidden.
-- raw: the same files, whole, into one touched buffer with one read loop:
-  the page cache's limit (warm) and the disk's (cold, DONTNEED first), the
-  same access pattern as the loads (file size, order, cache state).
+- raw: the same files, whole, with one read loop and no checks, into touched
+  anonymous memory with huge pages advised (the kind the pool's slots are):
+  the page cache's limit (warm) and the disk's (cold). Every raw read follows
+  the same untimed pin + verification as a load of that item (so it finds the
+  same cache state), in the same rotation. Also reported: raw into a touched
+  bytearray (session 5's raw: 4 KiB pages, and much noisier across processes).
 
 Last line: RESULT save_block_ratio=<ours/example> load_ratio=<example/ours>
 fraction_of_raw=<ours load GB/s / raw GB/s, warm> fraction_of_raw_cold=<the same,
