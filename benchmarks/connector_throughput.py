@@ -9,18 +9,22 @@ about 9.3 MB); "small" is the tiny model's (64 x 128). Reported per item:
   synchronously; ours hands the tensor to the background writer.
 - load: time on the step path until the tensor is usable in memory. The
   example's safetensors load maps the file lazily, so it is followed by a
-  copy (what a GPU upload would read); ours reads into a reused buffer of the
-  worker's pool (the tensor is dropped after each check, as vLLM frees an
-  item, so its buffer serves the next load; the first load, which makes the
-  buffer, is reported apart). Warm: right after our verification read the
-  entry, which is when a consumer loads. Also: ours with the pool off (a
-  fresh tensor per load: the first-touch faults) and ours cold (the file's
-  pages dropped with posix_fadvise DONTNEED just before).
+  copy (what a GPU upload would read); ours is the worker's step-path entry,
+  ``start_load_caches`` with the one item (its per-step work included), reading
+  into a reused buffer of the worker's pool (the tensor is dropped after each
+  check, as vLLM frees an item, so its buffer serves the next load; the first
+  load, which makes the buffer, is reported apart). Warm: right after our
+  verification read the entry, which is when a consumer loads. Also: ours with
+  the pool off (a fresh tensor per load: the first-touch faults) and ours cold
+  (the file's pages dropped with posix_fadvise DONTNEED after the verification).
   Our checksum verification runs before that, on the scheduler's thread pool
   (off the step path); its time is reported separately, not hidden.
-- raw: the same files, whole, into one touched buffer with one read loop:
-  the page cache's limit (warm) and the disk's (cold, DONTNEED first), the
-  same access pattern as the loads (file size, order, cache state).
+- raw: the same files, whole, with one read loop and no checks, into touched
+  anonymous memory with huge pages advised (the kind the pool's slots are):
+  the page cache's limit (warm) and the disk's (cold). Every raw read follows
+  the same untimed pin + verification as a load of that item (so it finds the
+  same cache state), in the same rotation. Also reported: raw into a touched
+  bytearray (session 5's raw: 4 KiB pages, and much noisier across processes).
 
 Last line: RESULT save_block_ratio=<ours/example> load_ratio=<example/ours>
 fraction_of_raw=<ours load GB/s / raw GB/s, warm> fraction_of_raw_cold=<the same,
@@ -30,6 +34,7 @@ cold>, all from the large items (medians).
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import statistics
 import sys
@@ -46,7 +51,7 @@ import torch
 from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES
 from encoderpool_connector.shared_volume.entry import Expect, entry_name
-from encoderpool_connector.shared_volume.metadata import LoadSpec
+from encoderpool_connector.shared_volume.metadata import LoadSpec, SharedVolumeMetadata
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
 from encoderpool_connector.shared_volume.worker import (
     BackgroundWriter,
@@ -106,7 +111,18 @@ def consumer_worker(store: SharedStore, buffer_bytes: int) -> SharedVolumeWorker
     return worker
 
 
-def read_whole(path: str, buf: bytearray) -> None:
+def touched_buffer(nbytes: int) -> mmap.mmap:
+    """Anonymous memory with huge pages advised, every page touched: what the pool's slots
+    are, so that raw and ours copy into the same kind of memory (a bytearray from malloc
+    is 4 KiB pages, and its speed swung by +-25% from one process to the next)."""
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    memoryview(region)[:] = b"\1" * nbytes
+    return region
+
+
+def read_whole(path: str, buf: bytearray | mmap.mmap) -> None:
     """The raw limit: the whole file into a touched buffer, one read loop, no checks."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -187,26 +203,42 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
     pins = Pins(store)
     worker = consumer_worker(store, DEFAULT_LOAD_BUFFER_BYTES)
     fresh = consumer_worker(store, 0)  # the pool off: every load faults in a fresh tensor
-    raw_buf = bytearray(os.path.getsize(paths[next(iter(tensors))]))
-    memoryview(raw_buf)[:] = b"\1" * len(raw_buf)  # touched: the raw figure is the copy alone
+    size = os.path.getsize(paths[next(iter(tensors))])
+    raw_buf = touched_buffer(size)  # the same kind of memory the pool's slots are
+    raw_ba = bytearray(size)  # session 5's raw destination, kept for comparison
+    memoryview(raw_ba)[:] = b"\1" * size
 
-    def load(w: SharedVolumeWorker, h: str) -> float:
-        """One timed load of item ``h`` through ``w``, from a fresh pin, checked after."""
+    def prepare(h: str) -> LoadSpec:
+        """What precedes every timed read, ours or raw: the scheduler's pin and full
+        verification (which reads the whole entry: that is why a load finds it warm)."""
         pin = pins.pin(entry_name(FP, h))
         assert pin is not None
-        expect = Expect(h, FP, "bfloat16", shape[0], shape[1])
-        inode = store.verify(pins.subdir, pin, expect)[1]  # the scheduler's step, untimed
-        spec = LoadSpec(h, pins.subdir, pin, True, "bfloat16", shape, inode)
-        out: list[torch.Tensor] = []
-        took = timed(lambda: out.append(w._load(spec)))
-        pins.drop(pin)  # the scheduler side's part once the step is reported
-        assert same(out[0], tensors[h])
-        return took  # ``out`` dies here: vLLM freeing the item, its buffer is reused
+        v = store.verify(pins.subdir, pin, Expect(h, FP, "bfloat16", shape[0], shape[1]))
+        return LoadSpec(h, pins.subdir, pin, True, "bfloat16", shape, v.inode, v.offset)
 
-    def raw_read(path: str) -> float:
-        return timed(lambda: read_whole(path, raw_buf))
+    def load(w: SharedVolumeWorker, h: str, cold: bool = False) -> float:
+        """One timed load of item ``h`` through ``w``'s step-path entry point, from a fresh
+        pin, checked after."""
+        spec = prepare(h)
+        if cold:
+            drop_cache(paths[h])
+        cache: dict[str, torch.Tensor] = {}
+        meta = SharedVolumeMetadata(loads=[spec])
+        took = timed(lambda: w.start_load_caches(cache, meta))
+        w.build_connector_worker_meta()  # the step's report: the worker forgets the pin
+        pins.drop(spec.name)  # the scheduler side's part once the step is reported
+        assert same(cache[h], tensors[h])
+        return took  # ``cache`` dies here: vLLM freeing the item, its buffer is reused
 
-    verify, ours, raw, ours_fresh, ours_cold, raw_cold = ([] for _ in range(6))
+    def raw_read(h: str, buf: bytearray | mmap.mmap, cold: bool = False) -> float:
+        spec = prepare(h)  # the same preparation, so neither side skips its effects
+        if cold:
+            drop_cache(paths[h])
+        took = timed(lambda: read_whole(paths[h], buf))
+        pins.drop(spec.name)
+        return took
+
+    verify, ours, raw, raw_bytearray, ours_fresh, ours_cold, raw_cold = ([] for _ in range(7))
     for i, h in enumerate(list(tensors) * rounds):
         expect = Expect(h, FP, "bfloat16", shape[0], shape[1])
         pin = pins.pin(entry_name(FP, h))
@@ -217,16 +249,19 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         # Rotate which goes first, so none always finds the others' bytes in the CPU cache.
         warm = [
             lambda h=h: ours.append(load(worker, h)),
-            lambda h=h: raw.append(raw_read(paths[h])),
+            lambda h=h: raw.append(raw_read(h, raw_buf)),
             lambda h=h: ours_fresh.append(load(fresh, h)),
+            lambda h=h: raw_bytearray.append(raw_read(h, raw_ba)),
         ]
-        for step in warm[i % 3 :] + warm[: i % 3]:
+        for step in warm[i % 4 :] + warm[: i % 4]:
             step()
-        # Cold: the file's pages dropped from the page cache first.
-        drop_cache(paths[h])
-        ours_cold.append(load(worker, h))
-        drop_cache(paths[h])
-        raw_cold.append(raw_read(paths[h]))
+        # Cold: the file's pages dropped from the page cache after the verification.
+        cold = [
+            lambda h=h: ours_cold.append(load(worker, h, cold=True)),
+            lambda h=h: raw_cold.append(raw_read(h, raw_buf, cold=True)),
+        ]
+        for step in cold[i % 2 :] + cold[: i % 2]:
+            step()
     pins.close()
     first_load = ours[0]  # includes making (and touching) the pool's first buffer
     ours = ours[1:] if len(ours) > 1 else ours
@@ -243,6 +278,7 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         "ours_load_cold_ms": med_ms(ours_cold),
         "ours_verify_ms": med_ms(verify),
         "raw_read_ms": med_ms(raw),
+        "raw_read_bytearray_ms": med_ms(raw_bytearray),
         "raw_read_cold_ms": med_ms(raw_cold),
         "example_load_GBps": gbps / statistics.median(ex_load),
         "ours_load_GBps": gbps / statistics.median(ours),
@@ -250,6 +286,7 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         "ours_load_cold_GBps": gbps / statistics.median(ours_cold),
         "ours_verify_GBps": gbps / statistics.median(verify),
         "raw_read_GBps": gbps / statistics.median(raw),
+        "raw_read_bytearray_GBps": gbps / statistics.median(raw_bytearray),
         "raw_read_cold_GBps": gbps / statistics.median(raw_cold),
         "ours_load_p25_ms": quantile_ms(ours, 0.25),
         "raw_read_p25_ms": quantile_ms(raw, 0.25),

@@ -227,8 +227,10 @@ def bench_shared_volume(n: int, kind: str, shape: tuple[int, int], root: Path) -
         pin = pins.pin(entry_name(FP, h))
         assert pin is not None
         t0 = time.perf_counter()
-        _, inode = store.verify(pins.subdir, pin, Expect(h, FP, "bfloat16", shape[0], shape[1]))
-        tensor = worker._load(LoadSpec(h, pins.subdir, pin, True, "bfloat16", shape, inode))
+        v = store.verify(pins.subdir, pin, Expect(h, FP, "bfloat16", shape[0], shape[1]))
+        tensor = worker._load(
+            LoadSpec(h, pins.subdir, pin, True, "bfloat16", shape, v.inode, v.offset)
+        )
         total.append(time.perf_counter() - t0)
         pins.drop(pin)  # the scheduler side's part once the step is reported
         assert torch.equal(tensor, tensors[h])

@@ -7,7 +7,7 @@ bounded set of slots whose pages were touched once, when the slot was made,
 and hands out tensors over them.
 
 Lifetime, so that nothing vLLM keeps is ever overwritten: a tensor handed out
-owns a storage of its own (``torch.from_numpy`` over a numpy view of the
+owns a storage of its own (``torch.frombuffer`` over a numpy view of the
 slot), and the slot goes back to the pool only when that storage is freed,
 that is when the tensor and every view or slice of it are gone. On CPU vLLM
 keeps the tensor in its encoder cache until the scheduler frees the item, and
@@ -95,6 +95,7 @@ class LoadBuffers:
         # dies (any thread, even inside a garbage collection that interrupts
         # ``take``), so it is a deque (atomic append) and not guarded by the lock.
         self._returned: collections.deque[_Slot] = collections.deque()
+        self._lent: dict[int, tuple[weakref.ref[np.ndarray], _Slot]] = {}
         self._lock = threading.Lock()
 
     def serves(self, nbytes: int) -> bool:
@@ -107,6 +108,19 @@ class LoadBuffers:
 
         The slot returns to the pool when the tensor and all its views are freed.
         """
+        lent = self.lend(nbytes, torch.uint8, (nbytes,))
+        return None if lent is None else lent[0]
+
+    def lend(
+        self, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> tuple[torch.Tensor, np.ndarray] | None:
+        """``take``, for a load: the tensor already of ``dtype`` and ``shape``, and the
+        same bytes as a flat uint8 array to read into.
+
+        Few steps, as a load is on the step path right after (or before) a copy that
+        leaves the CPU caches cold, where each Python or torch call costs 10-50x its
+        warm figure: a slice, a bare weakref, one ``frombuffer`` and one ``view``.
+        """
         if not self.serves(nbytes):
             return None
         with self._lock:
@@ -115,18 +129,28 @@ class LoadBuffers:
             slot = self._best_fit(nbytes) or self._grow(nbytes)
         if slot is None:
             return None
-        view = slot.array[:nbytes]
-        finalizer = weakref.finalize(view, self._returned.append, slot)
-        finalizer.atexit = False
-        return torch.from_numpy(view)
+        # The tensor's storage holds ``array`` (frombuffer keeps its buffer object alive
+        # until the storage is freed), so the weakref's callback runs exactly when the
+        # tensor and every view of it are gone. The ref is kept in ``_lent`` until then.
+        array = slot.array[:nbytes]
+        ref = weakref.ref(array, self._on_free)
+        self._lent[id(ref)] = (ref, slot)
+        tensor = torch.frombuffer(array, dtype=dtype).view(shape)
+        return tensor, array
+
+    def _on_free(self, ref: weakref.ref[np.ndarray]) -> None:
+        """The lent array died (any thread, even inside a garbage collection): its slot is
+        free again. A dict pop and a deque append are atomic; no lock."""
+        self._returned.append(self._lent.pop(id(ref))[1])
 
     def _best_fit(self, nbytes: int) -> _Slot | None:
-        fits = [s for s in self._free if s.capacity >= nbytes]
-        if not fits:
-            return None
-        slot = min(fits, key=lambda s: s.capacity)
-        self._free.remove(slot)
-        return slot
+        best = None
+        for s in self._free:
+            if s.capacity >= nbytes and (best is None or s.capacity < best.capacity):
+                best = s
+        if best is not None:
+            self._free.remove(best)
+        return best
 
     def _grow(self, nbytes: int) -> _Slot | None:
         """A new slot, after dropping free ones (all too small) if the limit needs it."""

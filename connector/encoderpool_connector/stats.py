@@ -110,6 +110,16 @@ class LockedStats(Generic[S]):
             self._pending.add(key, value)
             self.totals.add(key, value)
 
+    def add_many(self, values: dict[str, float]) -> None:
+        """``add`` for several counters under one lock (zeros are skipped)."""
+        pending, totals = self._pending, self.totals
+        with self._lock:
+            for key, value in values.items():
+                if value:
+                    assert key in pending.counters, key
+                    pending.data[key] = pending.data.get(key, 0) + value
+                    totals.data[key] = totals.data.get(key, 0) + value
+
     def take(self) -> S | None:
         with self._lock:
             return self._pending.take()

@@ -12,7 +12,13 @@ import torch
 
 from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.loadbuffers import MIN_POOLED_BYTES, LoadBuffers
-from encoderpool_connector.shared_volume.entry import Expect, Header, checksum, entry_name
+from encoderpool_connector.shared_volume.entry import (
+    Expect,
+    Header,
+    checksum,
+    entry_name,
+    read_prefix,
+)
 from encoderpool_connector.shared_volume.metadata import LoadSpec, SharedVolumeMetadata
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
 from encoderpool_connector.shared_volume.worker import SharedVolumeWorker
@@ -56,6 +62,34 @@ def test_nothing_handed_out_is_reused_while_any_view_of_it_lives() -> None:
     assert bool((kept.view(torch.uint8) == 7).all())
     del kept, other
     assert pool.free_slots == 2  # both came back once nothing referenced them
+
+
+def test_a_lent_buffer_is_shaped_shares_its_bytes_and_returns_only_when_all_views_die() -> None:
+    """``lend`` (the load path): the tensor vLLM keeps and the array the read fills are the
+    same bytes; a slice of the tensor keeps the slot lent; nothing stays behind after."""
+    pool = LoadBuffers(16 * MiB)
+    lent = pool.lend(3 * MiB, torch.bfloat16, (1024, 1536))
+    assert lent is not None
+    tensor, array = lent
+    assert tensor.dtype == torch.bfloat16
+    assert tensor.shape == (1024, 1536)
+    assert array.nbytes == 3 * MiB
+    assert array.ctypes.data == tensor.data_ptr()
+    array[:] = 0x3F  # what the read writes, seen through the tensor
+    assert float(tensor[5, 7]) == float(
+        torch.tensor(0x3F3F, dtype=torch.int16).view(torch.bfloat16)
+    )
+    kept = tensor[100:200]
+    del tensor, array, lent
+    gc.collect()
+    assert pool.free_slots == 0  # the slice still holds the storage
+    other = pool.take(3 * MiB)
+    assert other is not None
+    assert not overlaps(other, kept)
+    del other, kept
+    gc.collect()
+    assert pool.free_slots == 2
+    assert not pool._lent  # no ref is kept for a returned slot
 
 
 def test_the_pool_stays_within_its_limit_and_says_when_it_is_exhausted() -> None:
@@ -124,8 +158,15 @@ def spec_for(pins: Pins, mm_hash: str, shape: tuple[int, int]) -> LoadSpec:
     that corrupt an entry do so after this point, as a hostile writer would)."""
     pin = pins.pin(entry_name(FP, mm_hash))
     assert pin is not None
-    st = os.stat(os.path.join(pins.dir, pin))
-    return LoadSpec(mm_hash, pins.subdir, pin, True, "bfloat16", shape, (st.st_dev, st.st_ino))
+    fd = os.open(os.path.join(pins.dir, pin), os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        offset = read_prefix(fd)[1]
+    finally:
+        os.close(fd)
+    return LoadSpec(
+        mm_hash, pins.subdir, pin, True, "bfloat16", shape, (st.st_dev, st.st_ino), offset
+    )
 
 
 def test_loads_come_from_the_pool_and_stay_intact_while_cached(tmp_path: Path) -> None:

@@ -34,12 +34,16 @@ import os
 import stat
 import struct
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import blake3
+from typing_extensions import Buffer
 
 from encoderpool_connector.contracts import DTYPE_BYTES, payload_bytes
 from encoderpool_connector.rdma.auth import ChannelKey
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # 2: the optional ``mac``. A version-1 entry (an older producer) is a miss.
 FORMAT_VERSION = 2
@@ -261,6 +265,11 @@ def open_entry(path: str, dir_fd: int | None = None) -> int:
     """An fd of the regular file at ``path`` (relative to ``dir_fd`` if given); EntryMissing,
     or EntryError for a link, a directory, a FIFO, a device or a socket (opened without
     blocking, never followed)."""
+    return open_entry_stat(path, dir_fd)[0]
+
+
+def open_entry_stat(path: str, dir_fd: int | None = None) -> tuple[int, os.stat_result]:
+    """``open_entry``, plus the file's stat (one ``fstat`` serves every later check)."""
     try:
         fd = os.open(path, _OPEN_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -268,10 +277,11 @@ def open_entry(path: str, dir_fd: int | None = None) -> int:
     except OSError as e:
         what = "a symbolic link" if e.errno == errno.ELOOP else f"not readable ({e.strerror})"
         raise EntryError(f"entry is {what}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise EntryError("entry is not a regular file")
-    return fd
+    return fd, st
 
 
 def verify_file(path: str, expect: Expect) -> Header:
@@ -285,6 +295,12 @@ def verify_file(path: str, expect: Expect) -> Header:
 
 def verify_fd(fd: int, expect: Expect) -> Header:
     """Check header (mac first) and payload checksum of an open entry; EntryError if off."""
+    return verify_fd_at(fd, expect)[0]
+
+
+def verify_fd_at(fd: int, expect: Expect) -> tuple[Header, int]:
+    """``verify_fd``, plus the payload's offset in the file: what a later load reads from,
+    so that it never parses the header again."""
     try:
         header, offset = read_prefix(fd)
         check_header(header, expect, os.fstat(fd).st_size, offset)
@@ -293,34 +309,31 @@ def verify_fd(fd: int, expect: Expect) -> Header:
             raise EntryError("file ended early")
         if checksum(payload) != header.checksum:
             raise EntryError("payload checksum mismatch (corrupt entry)")
-        return header
+        return header, offset
     except OSError as e:
         raise EntryError(f"read failed: {e.strerror}") from None
 
 
-def read_payload_into(path: str, out: memoryview) -> Header:
-    """Read the payload of the verified entry at ``path`` into ``out``."""
-    fd = open_entry(path)
-    try:
-        return read_payload_fd(fd, out)
-    finally:
-        os.close(fd)
+def read_payload(fd: int, out: Buffer | np.ndarray, offset: int, nbytes: int) -> None:
+    """Read the ``nbytes`` of payload of a verified, open entry from ``offset`` into ``out``
+    (a writable, contiguous buffer of exactly that size: a numpy array, a bytearray).
 
-
-def read_payload_fd(fd: int, out: memoryview) -> Header:
-    """Read the payload of a verified, open entry into ``out``.
-
-    Rechecks only what is free (header, sizes); the checksum was verified when
-    the entry was pinned, and pinned files are never written again.
+    No header parse, no checksum: the caller opened the verified inode (pinned files are
+    never written again) and checked its size, and takes dtype, shape and ``offset`` from
+    the verification. One ``preadv`` on the hot path; more only after a short read.
     """
-    header, offset = read_prefix(fd)
-    if os.fstat(fd).st_size != offset + header.payload_bytes:
-        raise EntryError("entry size changed since it was verified")
-    if len(out) != header.payload_bytes:
-        raise EntryError(f"buffer of {len(out)} bytes, payload of {header.payload_bytes}")
-    if _preadinto(fd, out, offset) != len(out):
-        raise EntryError("file ended early")
-    return header
+    buffers: list[Any] = [out]  # numpy's stubs declare no buffer protocol before 3.12
+    done = os.preadv(fd, buffers, offset)
+    if done == nbytes:
+        return
+    view = memoryview(cast(Buffer, out)).cast("B")
+    if len(view) != nbytes:
+        raise EntryError(f"buffer of {len(view)} bytes for a payload of {nbytes}")
+    while done < nbytes:
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise EntryError(f"file ended early ({done} of {nbytes} payload bytes)")
+        done += n
 
 
 def read_header(path: str) -> Header:

@@ -23,6 +23,9 @@ class LoadSpec:
     shape: tuple[int, ...]
     inode: tuple[int, int]
     """(st_dev, st_ino) of the verified file: the worker reads only that inode."""
+    offset: int
+    """Where the payload starts in that file, as verified: the worker reads from there
+    and does not parse the header again."""
     request_id: str = ""
     index: int = -1
     """The request and item this load serves: where the engine encodes it if a rank fails."""

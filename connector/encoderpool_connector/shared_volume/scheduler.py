@@ -69,6 +69,7 @@ class _Verdict:
     seconds: float = 0.0
     subdir: str = ""
     inode: tuple[int, int] = (0, 0)
+    offset: int = 0
     unauthenticated: bool = False
 
 
@@ -240,7 +241,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
             if pin is None:
                 return _Verdict(False, reason="vanished", seconds=time.perf_counter() - t0)
             try:
-                header, inode = self.store.verify(subdir, pin, expect)
+                header, inode, offset = self.store.verify(subdir, pin, expect)
             except EntryError as e:
                 if pinned:
                     self.pins.drop(pin)
@@ -259,6 +260,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
                 header,
                 subdir=subdir,
                 inode=inode,
+                offset=offset,
                 seconds=time.perf_counter() - t0,
             )
         except Exception as e:  # the per-item path never raises
@@ -285,6 +287,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
             header.dtype,
             header.shape,
             verdict.inode,
+            verdict.offset,
             request.request_id,
             index,
         )

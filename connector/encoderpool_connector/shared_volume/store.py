@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from encoderpool_connector.rdma.auth import ChannelKey
 from encoderpool_connector.shared_volume.entry import (
@@ -48,8 +49,9 @@ from encoderpool_connector.shared_volume.entry import (
     encode_prefix,
     is_entry_name,
     open_entry,
+    open_entry_stat,
     read_prefix,
-    verify_fd,
+    verify_fd_at,
     write_file,
 )
 
@@ -67,6 +69,16 @@ WARN_EVERY_S = 60.0
 SUBDIRS = ("entries", "tmp", "pins")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 Inode = tuple[int, int]
+
+
+class Verified(NamedTuple):
+    """What verifying an entry established: everything a load of it needs."""
+
+    header: Header
+    inode: Inode
+    """(st_dev, st_ino): a load reads this file and no other."""
+    offset: int
+    """Where the payload starts: a load reads from here without parsing the header again."""
 
 
 class UnsafeLayout(OSError):
@@ -228,41 +240,63 @@ class SharedStore:
     @contextlib.contextmanager
     def directory(self, subdir: str) -> Iterator[int]:
         """An fd of ``entries`` or ``pins/<instance>``, every step without following a link."""
+        fd, owned = self._directory(subdir)
+        try:
+            yield fd
+        finally:
+            if owned:
+                os.close(fd)
+
+    def _directory(self, subdir: str) -> tuple[int, bool]:
+        """``directory`` without the context manager (the load path's fewer steps): the fd,
+        and whether the caller must close it (a pin directory, opened now) or not (a
+        layout fd, kept for the process's life)."""
         layout = self.layout()
         if layout is None:
             raise EntryError(f"the cache under {self.root} is missing or unsafe")
         top, _, rest = subdir.partition("/")
-        base = {"entries": layout.entries, "pins": layout.pins, "tmp": layout.tmp}[top]
+        if top == "pins":
+            base = layout.pins
+        elif top == "entries":
+            base = layout.entries
+        elif top == "tmp":
+            base = layout.tmp
+        else:
+            raise EntryError(f"{subdir}: not a directory of the cache layout")
         if not rest:
-            yield base
-            return
+            return base, False
         try:
-            fd = open_subdir(base, rest)
+            return open_subdir(base, rest), True
         except OSError as e:
             raise EntryError(f"{subdir}: {e.strerror or e}") from None
-        try:
-            yield fd
-        finally:
-            os.close(fd)
 
-    def verify(self, subdir: str, name: str, expect: Expect) -> tuple[Header, Inode]:
-        """Header and inode of the entry (or pin) ``subdir/name``, verified in full."""
+    def verify(self, subdir: str, name: str, expect: Expect) -> Verified:
+        """Header, inode and payload offset of the entry (or pin) ``subdir/name``,
+        verified in full."""
         with self.directory(subdir) as d:
             fd = open_entry(name, dir_fd=d)
         try:
             st = os.fstat(fd)
-            return verify_fd(fd, expect), (st.st_dev, st.st_ino)
+            header, offset = verify_fd_at(fd, expect)
+            return Verified(header, (st.st_dev, st.st_ino), offset)
         finally:
             os.close(fd)
 
-    def open_verified(self, subdir: str, name: str, inode: Inode) -> int:
-        """An fd of ``subdir/name`` if it is still the inode that was verified."""
-        with self.directory(subdir) as d:
-            fd = open_entry(name, dir_fd=d)
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != tuple(inode):
+    def open_verified(self, subdir: str, name: str, inode: Inode, size: int) -> int:
+        """An fd of ``subdir/name`` if it is still the inode that was verified, ``size``
+        bytes long (payload offset plus payload bytes, as verified). One ``fstat``."""
+        d, owned = self._directory(subdir)
+        try:
+            fd, st = open_entry_stat(name, dir_fd=d)
+        finally:
+            if owned:
+                os.close(d)
+        if st.st_ino != inode[1] or st.st_dev != inode[0]:
             os.close(fd)
             raise EntryError(f"{subdir}/{name} is not the file that was verified")
+        if st.st_size != size:
+            os.close(fd)
+            raise EntryError(f"{subdir}/{name} has {st.st_size} bytes, {size} when it was verified")
         return fd
 
     def unlink(self, subdir: str, name: str) -> None:

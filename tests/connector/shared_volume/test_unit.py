@@ -367,21 +367,22 @@ def test_a_pin_directory_swapped_for_a_link_or_a_forgery_hands_out_nothing(
     pins = Pins(store)
     pin = pins.pin(entry_name(FP, "h"))
     assert pin is not None
-    _, inode = store.verify(pins.subdir, pin, Expect("h", FP))
+    verified = store.verify(pins.subdir, pin, Expect("h", FP))
+    inode, size = verified.inode, verified.offset + verified.header.payload_bytes
     real = Path(pins.dir)
     os.rename(real, real.with_name("moved"))
     os.symlink(outside, real)
     (outside / pin).write_bytes((real.with_name("moved") / pin).read_bytes())
     files[pin] = (outside / pin).read_bytes()
     with pytest.raises(EntryError, match="symbolic link"):
-        store.open_verified(pins.subdir, pin, inode)
+        store.open_verified(pins.subdir, pin, inode, size)
     store.unlink(pins.subdir, pin)  # the worker drops its pin: not through the link
     assert _intact(outside, files)
     os.unlink(real)
     real.mkdir()  # a forged pin: same name, same bytes, another inode
     (real / pin).write_bytes(files[pin])
     with pytest.raises(EntryError, match="not the file that was verified"):
-        store.open_verified(pins.subdir, pin, inode)
+        store.open_verified(pins.subdir, pin, inode, size)
     pins.close()  # empties the directory it made (moved), not the new one
     assert (real / pin).exists()
     assert os.listdir(real.with_name("moved")) == []
@@ -574,8 +575,9 @@ def test_a_moved_pin_directory_is_made_again_and_a_link_in_its_place_is_a_miss(
     os.rename(pins.dir, pins.dir + ".moved")
     pin = pins.pin(name)
     assert pin is not None
-    _, inode = store.verify(pins.subdir, pin, Expect("h", FP))
-    os.close(store.open_verified(pins.subdir, pin, inode))
+    verified = store.verify(pins.subdir, pin, Expect("h", FP))
+    size = verified.offset + verified.header.payload_bytes
+    os.close(store.open_verified(pins.subdir, pin, verified.inode, size))
     shutil.rmtree(pins.dir)
     os.symlink(outside, pins.dir)
     assert pins.pin(name) is None
