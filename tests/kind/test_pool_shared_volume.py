@@ -92,16 +92,6 @@ def test_answer_equals_monolithic_and_consumer_did_not_encode(
     assert encoded(kind, NS, POOL, "consumer") == 0, "the consumer encoded by itself"
 
 
-def test_scale_producers(kind: KindCluster, pool: dict[str, Any]) -> None:
-    patch_spec(kind, NS, POOL, {"producer": {"replicas": 2}})
-    wait_until(
-        "2 producers ready",
-        lambda: (pool_status(kind).get("producers") or {}).get("ready") == 2,
-        timeout=900,
-    )
-    wait_ready(kind, NS, POOL)
-
-
 def test_model_change_measures_first_then_rolls(kind: KindCluster, pool: dict[str, Any]) -> None:
     before = pool_status(kind)["modelFingerprint"]
     consumer_before = kind.get("deployment", "-n", NS, f"{POOL}-consumer")
@@ -129,6 +119,17 @@ def test_model_change_measures_first_then_rolls(kind: KindCluster, pool: dict[st
             ][0]["args"]
         ),
         timeout=120,
+    )
+    wait_ready(kind, NS, POOL)
+
+
+def test_scale_producers(kind: KindCluster, pool: dict[str, Any]) -> None:
+    """After the model change, so that the change rolls one producer, not two."""
+    patch_spec(kind, NS, POOL, {"producer": {"replicas": 2}})
+    wait_until(
+        "2 producers ready",
+        lambda: (pool_status(kind).get("producers") or {}).get("ready") == 2,
+        timeout=900,
     )
     wait_ready(kind, NS, POOL)
 
