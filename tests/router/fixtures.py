@@ -313,6 +313,52 @@ def keyed(env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
 
 
 @dataclass
+class RouterPool:
+    """The package's real servers: one consumer and two producers with ``EC_CONNECTOR``
+    on one store, all holding ``API_KEY``. ``test_vllm`` routes to ``producer``;
+    ``test_vllm_groups`` makes ``producer`` the image group and ``video`` the video group.
+    """
+
+    consumer: VllmServer
+    producer: VllmServer
+    video: VllmServer
+    store: Path
+
+
+@contextlib.contextmanager
+def router_pool(tiny_model: Path, logs: Path, work: Path) -> Iterator[RouterPool]:
+    """Start a ``RouterPool`` (a start costs ~40 s of CPU here, so the package shares
+    one: tests/router/conftest.py); every server is stopped, by PID, at the end."""
+    logging_config = work / "logging.json"
+    logging_config.write_text(json.dumps(LOGGING_CONFIG))
+    store = work / "ec"
+    store.mkdir()
+    name, extra, module = CONNECTORS[EC_CONNECTOR](store, tiny_model)
+
+    def server(role: str, cpu: str, ec_role: str) -> VllmServer:
+        env = {**base_env(cpu), "VLLM_LOGGING_CONFIG_PATH": str(logging_config)}
+        guard, env = keyed(env)
+        args = ["--ec-transfer-config", ec_transfer_config(name, ec_role, extra, module), *guard]
+        log = logs / f"router-{os.getpid()}-{role}.log"
+        return VllmServer(name=role, model=tiny_model, log_path=log, args=args, env=env)
+
+    servers = [
+        server("consumer", "0", "ec_consumer"),
+        server("producer", "1", "ec_producer"),
+        server("video", "1", "ec_producer"),
+    ]
+    try:
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.wait_ready(300)
+        consumer, producer, video = servers
+        yield RouterPool(consumer, producer, video, store)
+    finally:
+        stop_all(servers)
+
+
+@dataclass
 class Epd:
     """A monolithic reference server, one producer, one consumer and a router in front.
 
@@ -328,46 +374,18 @@ class Epd:
 
 
 @pytest.fixture(scope="module")
-def epd(
-    tiny_model: Path,
-    vllm_logs: Path,
-    monolithic: VllmServer,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Epd]:
-    """Real vLLM servers shared by a test module (a start costs ~40 s of CPU here), and
-    the session's monolithic server."""
-    work = tmp_path_factory.mktemp("epd")
-    logging_config = work / "logging.json"
-    logging_config.write_text(json.dumps(LOGGING_CONFIG))
-    store = work / "ec"
-    store.mkdir()
-    name, extra, module = CONNECTORS[EC_CONNECTOR](store, tiny_model)
-
-    def server(role: str, cpu: str, ec_role: str | None) -> VllmServer:
-        args: list[str] = []
-        env = {**base_env(cpu), "VLLM_LOGGING_CONFIG_PATH": str(logging_config)}
-        if ec_role is not None:
-            args += ["--ec-transfer-config", ec_transfer_config(name, ec_role, extra, module)]
-            guard, env = keyed(env)
-            args += guard
-        log = vllm_logs / f"router-{os.getpid()}-{role}.log"
-        return VllmServer(name=role, model=tiny_model, log_path=log, args=args, env=env)
-
-    servers = [server("producer", "1", "ec_producer"), server("consumer", "0", "ec_consumer")]
-    router: RouterProcess | None = None
+def epd(router_servers: RouterPool, vllm_logs: Path, monolithic: VllmServer) -> Iterator[Epd]:
+    """A router over the package's producer and consumer, and the session's monolithic
+    server."""
+    router = RouterProcess(
+        ["--producers", router_servers.producer.url,
+         "--consumers", router_servers.consumer.url,
+         "--log-level", "DEBUG"],
+        vllm_logs / f"router-{os.getpid()}-router.log",
+        env={"ENCODERPOOL_ROUTER_BACKEND_API_KEY": API_KEY},
+    ).start()  # fmt: skip
+    pool = router_servers
     try:
-        for s in servers:
-            s.start()
-        for s in servers:
-            s.wait_ready(300)
-        producer, consumer = servers
-        router = RouterProcess(
-            ["--producers", producer.url, "--consumers", consumer.url, "--log-level", "DEBUG"],
-            vllm_logs / f"router-{os.getpid()}-router.log",
-            env={"ENCODERPOOL_ROUTER_BACKEND_API_KEY": API_KEY},
-        ).start()
-        yield Epd(monolithic, producer, consumer, router, store)
+        yield Epd(monolithic, pool.producer, pool.consumer, router, pool.store)
     finally:
-        if router is not None:
-            router.stop()
-        stop_all(servers)
+        router.stop()

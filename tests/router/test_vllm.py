@@ -5,8 +5,8 @@ come through the router are refused, and the router's own client tokens are chec
 
 "The consumer did not encode" is read from the servers' DEBUG logs: the model
 runner logs ``Finish execute for mm hash X`` each time a process runs its
-encoder. The servers are shared by the module; the producer-kill test stops the
-producer, so it comes last.
+encoder. The servers are shared by the package (tests/router/conftest.py); the
+producer-kill test stops the producer, so it runs after the package's other tests.
 """
 
 from __future__ import annotations
@@ -187,8 +187,9 @@ def test_client_tokens_at_the_router_in_front_of_real_vllm(epd: Epd, tmp_path: P
         router.stop()
 
 
+@pytest.mark.breaks_shared_servers
 def test_a_killed_producer_leaves_encoding_to_the_consumer(epd: Epd) -> None:
-    """Last in the module: it stops the shared producer."""
+    """Last in the package: it stops the shared producer."""
     images = [image(300 + i) for i in range(6)]
     expected = [token_ids(epd.mono.chat(chat_request(png))) for png in images]
     probe = encoder_runs(epd)

@@ -1,35 +1,26 @@
 """Producer groups on real vLLM: the router sends each item to its modality's group, and
 an item of a modality without a group is encoded by the consumer.
 
-Two producers with our shared-volume connector stand for two groups (images, video),
-beside a consumer and a monolithic reference server. "Who encoded" is read from each
-server's DEBUG log (``Finish execute for mm hash X``), as in test_vllm.py. One request
-holds two images and a tiny video: each goes to its own group's producer, and the
-consumer encodes none of them (routing for audio is covered with fakes in
-test_producer_groups.py: the tiny model has no audio tower).
+The package's two producers with our shared-volume connector stand for two groups
+(images, video), beside its consumer and the monolithic reference server. "Who encoded"
+is read from each server's DEBUG log (``Finish execute for mm hash X``), as in
+test_vllm.py. One request holds two images and a tiny video: each goes to its own
+group's producer, and the consumer encodes none of them (routing for audio is covered
+with fakes in test_producer_groups.py: the tiny model has no audio tower).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from e2e.media import chat_request, image, token_ids, video
-from e2e.vllm_server import VllmServer, base_env, ec_transfer_config, post_json, stop_all
-from tests.connector.fixtures import LOGGING_CONFIG
-from tests.router.fixtures import (
-    API_KEY,
-    CONNECTORS,
-    EC_CONNECTOR,
-    RouterProcess,
-    encoded_hashes,
-    keyed,
-)
+from e2e.vllm_server import VllmServer, post_json
+from tests.router.fixtures import API_KEY, RouterPool, RouterProcess, encoded_hashes
 
 pytestmark = pytest.mark.vllm
 
@@ -58,49 +49,15 @@ class Groups:
 
     def encoded(self) -> dict[str, set[str]]:
         """mm hashes each EPD server has encoded so far."""
-        return {
-            s.name: encoded_hashes(s.log_text()) for s in (self.consumer, self.images, self.video)
-        }
+        servers = {"consumer": self.consumer, "images": self.images, "video": self.video}
+        return {name: encoded_hashes(s.log_text()) for name, s in servers.items()}
 
 
 @pytest.fixture(scope="module")
-def groups(
-    tiny_model: Path,
-    vllm_logs: Path,
-    monolithic: VllmServer,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Groups]:
-    work = tmp_path_factory.mktemp("groups")
-    logging_config = work / "logging.json"
-    logging_config.write_text(json.dumps(LOGGING_CONFIG))
-    store = work / "ec"
-    store.mkdir()
-    name, extra, module = CONNECTORS[EC_CONNECTOR](store, tiny_model)
-
-    def server(role: str, cpu: str, ec_role: str | None) -> VllmServer:
-        args: list[str] = []
-        env = {**base_env(cpu), "VLLM_LOGGING_CONFIG_PATH": str(logging_config)}
-        if ec_role is not None:
-            args += ["--ec-transfer-config", ec_transfer_config(name, ec_role, extra, module)]
-            guard, env = keyed(env)
-            args += guard
-        log = vllm_logs / f"groups-{os.getpid()}-{role}.log"
-        return VllmServer(name=role, model=tiny_model, log_path=log, args=args, env=env)
-
-    servers = [
-        server("consumer", "0", "ec_consumer"),
-        server("images", "1", "ec_producer"),
-        server("video", "1", "ec_producer"),
-    ]
-    try:
-        for s in servers:
-            s.start()
-        for s in servers:
-            s.wait_ready(300)
-        consumer, images, video = servers
-        yield Groups(monolithic, consumer, images, video, vllm_logs)
-    finally:
-        stop_all(servers)
+def groups(router_servers: RouterPool, vllm_logs: Path, monolithic: VllmServer) -> Groups:
+    """The package's servers: its producer is the image group, ``video`` the video group."""
+    pool = router_servers
+    return Groups(monolithic, pool.consumer, pool.producer, pool.video, vllm_logs)
 
 
 def test_each_item_goes_to_its_modalitys_group(groups: Groups) -> None:
