@@ -82,10 +82,9 @@ def chat(url: str, body: dict[str, Any], timeout: float = 300) -> dict[str, Any]
         return out
 
 
-def encoded(kind: KindCluster, namespace: str, pool: str, component: str) -> int:
-    """How many media items the pool's <component> pods ran their encoder for (vLLM's DEBUG
-    ``Finish execute for mm hash`` lines in their logs)."""
-    logs = kind.kubectl(
+def logs(kind: KindCluster, namespace: str, pool: str, component: str) -> str:
+    """The logs of the pool's <component> pods, whole."""
+    return kind.kubectl(
         "logs",
         "-n",
         namespace,
@@ -94,7 +93,12 @@ def encoded(kind: KindCluster, namespace: str, pool: str, component: str) -> int
         "--tail=-1",
         check=False,
     )
-    return logs.count("Finish execute for mm hash")
+
+
+def encoded(kind: KindCluster, namespace: str, pool: str, component: str) -> int:
+    """How many media items the pool's <component> pods ran their encoder for (vLLM's DEBUG
+    ``Finish execute for mm hash`` lines in their logs)."""
+    return logs(kind, namespace, pool, component).count("Finish execute for mm hash")
 
 
 def model_volume(kind: KindCluster, namespace: str, model: Path) -> None:

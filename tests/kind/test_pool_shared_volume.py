@@ -23,6 +23,7 @@ from e2e.kind.pool import (
     encoded,
     example,
     for_kind,
+    logs,
     model_volume,
     patch_spec,
     status,
@@ -36,6 +37,8 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.kind
 
 NS = "kind-sv"
+# vLLM's DEBUG line on a cache hit names the class by its module.
+ARCH = "vllm.model_executor.models.qwen2_vl.Qwen2VLForConditionalGeneration"
 POOL = "tiny"
 
 
@@ -90,6 +93,17 @@ def test_answer_equals_monolithic_and_consumer_did_not_encode(
     assert got == expected
     assert encoded(kind, NS, POOL, "producer") >= len(bodies), "the producer never ran its encoder"
     assert encoded(kind, NS, POOL, "consumer") == 0, "the consumer encoded by itself"
+
+
+def test_vllm_pods_start_from_the_images_model_class_cache(
+    kind: KindCluster, pool: dict[str, Any]
+) -> None:
+    """The image fills vLLM's model-class cache at build (encoderpool_connector.vllm_cache):
+    no pod spends ~10 s of CPU inspecting the model in a subprocess at start-up."""
+    for component in ("producer", "consumer"):
+        log = logs(kind, NS, POOL, component)
+        assert f"{ARCH} from cache" in log, f"{component}: no model-class cache hit in its log"
+        assert "miss. Loading model instead" not in log, component
 
 
 def test_model_change_measures_first_then_rolls(kind: KindCluster, pool: dict[str, Any]) -> None:
