@@ -12,10 +12,14 @@ together and measured in turns on every workload:
 - ``pool-rdma``: the same with our NIXL transport (UCX over tcp/sm here); every
   item goes to a producer (the consumer needs its params).
 - ``mono-RxK``: R monolithic replicas of K devices each (prefix caching and
-  their own encoder caches on, as vLLM defaults), the router's consumer policy
-  in front (least in-flight: the router has no consumer cache affinity, so
-  ``mono-1x2``, one replica on every device, is the monolith with perfect
-  affinity; both are measured and the better one is the baseline per figure).
+  their own encoder caches on, as vLLM defaults) behind the router with
+  ``--consumer-policy media-affinity`` (``--consumer-policy`` here): the same
+  first image reaches the same replica, whose caches then hit, until that
+  replica holds ``--consumer-load-bound`` requests (default: its share of the
+  closed-loop clients, ``ceil(concurrency / R)``). ``mono-1x2``, one replica
+  on every device, is the monolith with perfect affinity; both are measured and
+  the better one is the baseline per figure. Pool arms with more than one
+  consumer get the same policy (those built here have one).
 
 Devices: on CPU every vLLM process tree is pinned with ``taskset`` and its
 worker threads with ``VLLM_CPU_OMP_THREADS_BIND``; the pool gets the first
@@ -580,6 +584,24 @@ def connector_configs(
 ENCODER_LOGGER = "vllm.v1.worker.gpu_model_runner"
 
 
+def consumer_policy_flags(
+    consumers: int, policy: str, load_bound: int, concurrency: int
+) -> list[str]:
+    """The router flags choosing among ``consumers`` (none for one: nothing to choose).
+
+    ``load_bound`` 0: each consumer's share of the closed-loop clients, so a hot image
+    fills its own replica to that share and then the next in its ranking, instead of
+    queueing every client on one replica while the others idle.
+    """
+    if consumers < 2:
+        return []
+    flags = ["--consumer-policy", policy]
+    if policy == "media-affinity":
+        bound = load_bound or -(-concurrency // consumers)
+        flags += ["--consumer-load-bound", str(bound)]
+    return flags
+
+
 def build_arms(args: argparse.Namespace, model: Path, work: Path) -> list[Arm]:
     placement = place(args.devices.split(","), args.producer_devices, args.mono_replicas)
     extra = shlex.split(args.engine_args)
@@ -636,7 +658,10 @@ def build_arms(args: argparse.Namespace, model: Path, work: Path) -> list[Arm]:
         name = f"mono-{r}x{k}"
         replicas = {f"replica{i}": server(f"{name}-{i}", g) for i, g in enumerate(groups)}
         urls = ",".join(s.url for s in replicas.values())
-        arms.append(Arm(name, replicas, ["--consumers", urls]))
+        policy = consumer_policy_flags(
+            r, args.consumer_policy, args.consumer_load_bound, args.concurrency
+        )
+        arms.append(Arm(name, replicas, ["--consumers", urls, *policy]))
     return arms
 
 
@@ -647,7 +672,11 @@ def describe_placement(arms: Sequence[Arm]) -> list[str]:
         for comp, s in arm.servers.items():
             where = s.cpus or s.env.get("CUDA_VISIBLE_DEVICES", "?")
             parts.append(f"{comp} on {'cores' if s.cpus else 'GPUs'} {where}")
-        lines.append(f"  {arm.name}: {'; '.join(parts)}; router and client unpinned")
+        policy = ""
+        if "--consumer-policy" in arm.router_args:
+            i = arm.router_args.index("--consumer-policy")
+            policy = f"; router {' '.join(arm.router_args[i:])}"
+        lines.append(f"  {arm.name}: {'; '.join(parts)}; router and client unpinned{policy}")
     return lines
 
 
@@ -875,6 +904,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="pool arms (sharedVolume, rdma)",
     )
     ap.add_argument("--headline", default="sharedVolume", help="the pool arm of the RESULT line")
+    ap.add_argument(
+        "--consumer-policy",
+        choices=["media-affinity", "least-busy"],
+        default="media-affinity",
+        help="the router's consumer policy in arms with several consumers (mono-2x1)",
+    )
+    ap.add_argument(
+        "--consumer-load-bound",
+        type=int,
+        default=0,
+        help="media-affinity's load bound; 0: ceil(--concurrency / consumers)",
+    )
     ap.add_argument("--image-size", type=int, default=448, help="square image side, px")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies every request count")
     ap.add_argument("--concurrency", type=int, default=Sizes.concurrency)
@@ -894,6 +935,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     bad = set(args.transports) - {"sharedVolume", "rdma"}
     if bad:
         ap.error(f"--transports: unknown {sorted(bad)}; use sharedVolume and/or rdma")
+    if args.consumer_load_bound < 0:
+        ap.error(f"--consumer-load-bound {args.consumer_load_bound}: give 0 (automatic) or more")
     if f"pool-{args.headline}" not in {f"pool-{t}" for t in args.transports}:
         ap.error(f"--headline {args.headline}: not among --transports {args.transports}")
     return args

@@ -20,6 +20,7 @@ from benchmarks.epd_serving import (
     Summary,
     Workload,
     capacity_bound,
+    consumer_policy_flags,
     parse_args,
     percentile,
     place,
@@ -35,6 +36,7 @@ from benchmarks.epd_serving import (
     workloads,
     zipf_ranks,
 )
+from encoderpool_router.config import parse_settings
 from tests.router.fixtures import FakeBackend, fakes, router_at, run
 
 
@@ -186,6 +188,27 @@ def test_flags(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_args(["--transports", "rdma"])  # headline sharedVolume not measured
     assert json.dumps(vars(parse_args(["--transports", "rdma", "--headline", "rdma"])), default=str)
+
+
+def test_monolithic_replicas_get_media_affinity_unless_told_otherwise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    a = parse_args([])
+    assert (a.consumer_policy, a.consumer_load_bound) == ("media-affinity", 0)
+    flags = consumer_policy_flags(2, a.consumer_policy, a.consumer_load_bound, a.concurrency)
+    # 4 clients over 2 replicas: a hot image fills its replica to 2, then the other
+    assert flags == ["--consumer-policy", "media-affinity", "--consumer-load-bound", "2"]
+    assert consumer_policy_flags(3, "media-affinity", 0, 4)[-1] == "2"  # ceil(4 / 3)
+    assert consumer_policy_flags(2, "media-affinity", 8, 4)[-1] == "8"
+    assert consumer_policy_flags(2, "least-busy", 0, 4) == ["--consumer-policy", "least-busy"]
+    assert consumer_policy_flags(1, "media-affinity", 0, 4) == []  # one consumer: no choice
+    s = parse_settings(["--consumers", "http://127.0.0.1:1,http://127.0.0.1:2", *flags])
+    assert (s.consumer_policy, s.consumer_load_bound) == ("media-affinity", 2)
+    with pytest.raises(SystemExit):
+        parse_args(["--consumer-policy", "random"])
+    with pytest.raises(SystemExit):
+        parse_args(["--consumer-load-bound", "-1"])
+    assert "--consumer-load-bound -1" in capsys.readouterr().err
 
 
 def test_client_streams_through_the_router_to_fake_backends() -> None:

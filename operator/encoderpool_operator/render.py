@@ -647,6 +647,8 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
     }
     if router.trust_client_media_ids:
         container["args"] += ["--trust-client-media-ids", "true"]
+    if router.consumer_policy == "MediaAffinity":  # LeastBusy is the router's own default
+        container["args"] += ["--consumer-policy", "media-affinity"]
     media = pool.spec.model.media
     if media.allowed_domains:
         container["args"] += ["--allowed-media-domains", ",".join(media.allowed_domains)]

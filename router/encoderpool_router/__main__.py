@@ -31,7 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"invalid router settings:\n  {e}", file=sys.stderr)
         return 2
     logging.getLogger(__name__).info(
-        "router on %s:%s (metrics on port %s); %s; client auth %s, backend key %s",
+        "router on %s:%s (metrics on port %s); %s; consumer policy %s; client auth %s, "
+        "backend key %s",
         settings.host,
         settings.port,
         settings.metrics_port,
@@ -40,6 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if settings.discovery
         else f"producers {list(settings.producers) or dict(settings.producers_by_modality)}, "
         f"consumers {list(settings.consumers)}",
+        settings.consumer_policy
+        + (
+            f" (bound {settings.consumer_load_bound})"
+            if settings.consumer_policy == "media-affinity"
+            else ""
+        ),
         f"from {settings.auth_token_file}" if settings.auth_token_file else "off",
         "set" if settings.backend_api_key is not None else "unset",
     )

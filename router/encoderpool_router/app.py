@@ -55,8 +55,10 @@ from encoderpool_router.media import (
 from encoderpool_router.metrics import RouterMetrics
 from encoderpool_router.parts import payload
 from encoderpool_router.policy import (
+    ConsumerChoice,
     RecentlyEncoded,
     choose_consumer,
+    choose_consumer_by_media,
     choose_producer,
 )
 
@@ -264,6 +266,7 @@ class Router:
     ) -> web.StreamResponse:
         body: ClientBody | None = None
         params: dict[str, Any] = {}
+        affinity: bytes | None = None  # the first media item's key: the consumer's ranking
         if with_body:
             parsed = await self._json_body(request, rid)  # a client's ec_transfer_params dropped
             if isinstance(parsed, web.Response):
@@ -284,8 +287,12 @@ class Router:
                 self.metrics.error("media_url_refused")
                 return _error(400, refused, "invalid_request_error", rid)
             if items:
-                params = await self._encode_remotely(body, items, rid)
-        return await self._forward(request, path, body, params, rid)
+                # Computed here, after the uuids went, from what the router read itself:
+                # a client steers its request only through the media it sends.
+                keys = [media_key(part, body.utf8_of) for part in items]
+                affinity = keys[0]
+                params = await self._encode_remotely(body, items, keys, rid)
+        return await self._forward(request, path, body, params, affinity, rid)
 
     async def health(self, request: web.Request) -> web.Response:
         """Ready when a consumer is known: producers are an optimisation, consumers are not."""
@@ -352,13 +359,14 @@ class Router:
         return None
 
     async def _encode_remotely(
-        self, body: ClientBody, items: list[dict[str, Any]], rid: str
+        self, body: ClientBody, items: list[dict[str, Any]], keys: list[bytes], rid: str
     ) -> dict[str, Any]:
-        """Each distinct item to a producer, at most ``max_encodes_per_request`` at once
-        (a repeated item is encoded once); the merged params of those that answered."""
+        """Each distinct item (``keys``: their media keys) to a producer, at most
+        ``max_encodes_per_request`` at once (a repeated item is encoded once); the merged
+        params of those that answered."""
         by_key: dict[bytes, dict[str, Any]] = {}
-        for part in items:
-            by_key.setdefault(media_key(part, body.utf8_of), part)
+        for key, part in zip(keys, items, strict=True):
+            by_key.setdefault(key, part)
         if len(items) > len(by_key):
             self.metrics.items_by["duplicate"].inc(len(items) - len(by_key))
         if len(by_key) == 1:  # the common case: no semaphore, no gather
@@ -504,15 +512,17 @@ class Router:
         path: str,
         body: ClientBody | None,
         params: dict[str, Any],
+        affinity: bytes | None,
         rid: str,
     ) -> web.StreamResponse:
-        """Send to a consumer, retrying a failure on another; relay its answer."""
+        """Send to a consumer, retrying a failure on another; relay its answer.
+        ``affinity``: the first media item's key (None: no media), for media-affinity."""
         data = body.upstream_parts(params) if body is not None else None
         tried: list[Backend] = []
         attempts = 1 + self.settings.consumer_retries
         last = ""
         for attempt in range(attempts):
-            consumer = choose_consumer(self.consumers.backends, tried)
+            consumer = self._choose_consumer(affinity, tried)
             if consumer is None:
                 self.metrics.error("consumer_unavailable")
                 return _error(503, "no consumer is available", "service_unavailable", rid)
@@ -535,6 +545,19 @@ class Router:
                 last = f"{consumer.url}: {e}"
                 logger.warning("request %s: consumer %s failed: %s", rid, consumer.url, e)
         return _error(502, f"consumers failed; last: {last}", "upstream_error", rid)
+
+    def _choose_consumer(self, affinity: bytes | None, tried: list[Backend]) -> Backend | None:
+        """The consumer for this attempt, by ``--consumer-policy``; counted by how."""
+        how: ConsumerChoice
+        if self.settings.consumer_policy == "media-affinity":
+            consumer, how = choose_consumer_by_media(
+                affinity, self.consumers.backends, self.settings.consumer_load_bound, tried
+            )
+        else:
+            consumer, how = choose_consumer(self.consumers.backends, tried), "least_busy"
+        if consumer is not None:
+            self.metrics.consumer_choice[how].inc()
+        return consumer
 
     async def _try_consumer(
         self,

@@ -116,6 +116,19 @@ class RouterSettings(BaseSettings):
         description="In-flight items at which an item's preferred producer yields to "
         "the next one in the item's ranking.",
     )
+    consumer_policy: Literal["least-busy", "media-affinity"] = Field(
+        default="least-busy",
+        description="How a request's consumer is chosen. least-busy: fewest requests in "
+        "flight. media-affinity: rank consumers by rendezvous hashing of the request's "
+        "first media item, so repeats of an image (and later turns of a chat) reach the "
+        "consumer whose prefix and processor caches hold it; text-only requests go to the "
+        "least busy.",
+    )
+    consumer_load_bound: Annotated[int, Field(ge=1, le=10000)] = Field(
+        default=16,
+        description="media-affinity: requests in flight at which a request's preferred "
+        "consumer yields to the next one in the request's ranking.",
+    )
     reuse_encoded_s: Annotated[float, Field(ge=0, le=86400)] = Field(
         default=0.0,
         description="For this long after a producer encoded an item, repeats of it skip the "

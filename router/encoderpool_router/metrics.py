@@ -7,6 +7,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from encoderpool_router.policy import CONSUMER_CHOICES
+
 # Every error kind the router counts; pre-created so dashboards see zeros, not gaps.
 ERROR_KINDS = (
     "unauthorized",  # no or a wrong client bearer token (--auth-token-file): 401
@@ -65,6 +67,16 @@ class RouterMetrics:
             "Consumer requests retried on another consumer.",
             registry=r,
         )
+        self.consumer_choices = Counter(
+            "encoderpool_router_consumer_choices",
+            "Consumers chosen (retries included), by how: least_busy (--consumer-policy "
+            "least-busy); with media-affinity: affinity (the first media item's own consumer), "
+            "next_ranked (a later one in its ranking: the first was busy, ejected or tried), "
+            "over_bound (all at --consumer-load-bound: the least busy), no_media (text only: "
+            "the least busy).",
+            ["choice"],
+            registry=r,
+        )
         self.backends = Gauge(
             "encoderpool_router_backends", "Backends known, by role.", ["role"], registry=r
         )
@@ -80,6 +92,7 @@ class RouterMetrics:
         self.items_by = {
             where: self.items.labels(where) for where in ("remote", "local", "reused", "duplicate")
         }
+        self.consumer_choice = {c: self.consumer_choices.labels(c) for c in CONSUMER_CHOICES}
         self.producers_in_flight = self.in_flight.labels("producer")
         self.consumers_in_flight = self.in_flight.labels("consumer")
         self.consumer_first_byte = self.consumer_latency.labels("first_byte")

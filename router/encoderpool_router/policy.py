@@ -11,8 +11,13 @@ to the next producer in the item's own ranking (still stable, so repeats of it
 keep hitting there), and only when every producer is past the bound to the
 least loaded one.
 
-Consumers: least in-flight requests (ties broken at random), skipping ones
-already tried for this request.
+Consumers, by ``--consumer-policy``: ``least-busy`` takes the consumer with the
+fewest requests in flight (ties broken at random). ``media-affinity`` ranks the
+consumers by the same rendezvous hashing of the request's first media key, with
+a load bound as for producers, so a repeated image (or a multi-turn chat, whose
+first image stays first) meets the consumer whose prefix and processor caches
+already hold it; text-only requests fall back to least-busy. Both skip the
+consumers already tried for this request and those ejected after a failure.
 """
 
 from __future__ import annotations
@@ -22,8 +27,19 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Literal
 
 from encoderpool_router.backends import Backend
+
+# How a consumer was chosen (the ``choice`` label of encoderpool_router_consumer_choices_total).
+ConsumerChoice = Literal["least_busy", "affinity", "next_ranked", "over_bound", "no_media"]
+CONSUMER_CHOICES: tuple[ConsumerChoice, ...] = (
+    "least_busy",  # --consumer-policy least-busy
+    "affinity",  # media-affinity: the key's first-ranked consumer (its caches should hit)
+    "next_ranked",  # a later one in the key's ranking: the first is busy, ejected or was tried
+    "over_bound",  # every candidate at --consumer-load-bound: the least busy of them
+    "no_media",  # media-affinity, but the request has no media item: least busy
+)
 
 
 def hrw_rank(key: bytes, backends: Sequence[Backend]) -> list[Backend]:
@@ -59,6 +75,29 @@ def choose_consumer(backends: Sequence[Backend], exclude: Sequence[Backend] = ()
         return None
     least = min(b.in_flight for b in fresh)
     return random.choice([b for b in fresh if b.in_flight == least])  # noqa: S311
+
+
+def choose_consumer_by_media(
+    key: bytes | None,
+    backends: Sequence[Backend],
+    load_bound: int,
+    exclude: Sequence[Backend] = (),
+) -> tuple[Backend | None, ConsumerChoice]:
+    """The first consumer in ``key``'s ranking that is usable, not yet tried and under
+    ``load_bound`` in flight; if all are at the bound, the least busy (the earliest in
+    the ranking among equals, so repeats still land together). ``key`` None (no media
+    item): least busy. The ranking covers every known consumer, ejected ones included,
+    so ``affinity`` means the key's own consumer, not merely the best one left.
+    """
+    if key is None:
+        return choose_consumer(backends, exclude), "no_media"
+    ranked = hrw_rank(key, backends)
+    pool = usable(ranked)  # keeps the ranking's order
+    fresh = [b for b in pool if b not in exclude] or pool
+    for b in fresh:
+        if b.in_flight < load_bound:
+            return b, "affinity" if b is ranked[0] else "next_ranked"
+    return min(fresh, key=lambda b: b.in_flight, default=None), "over_bound"
 
 
 class RecentlyEncoded:

@@ -209,6 +209,12 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
         "ClusterIP",
     ),
     (
+        "consumer-policy",
+        {"spec": {"router": {"consumerPolicy": "RoundRobin"}}},
+        "spec.router.consumerPolicy",
+        "MediaAffinity",
+    ),
+    (
         "deadline",
         {"spec": {"widthJob": {"activeDeadlineSeconds": 5}}},
         "spec.widthJob.activeDeadlineSeconds",
@@ -459,6 +465,7 @@ def test_minimal_pool_gets_fixed_defaults() -> None:
     assert spec.router.enabled
     assert spec.router.port == 8000
     assert spec.router.service_type == "ClusterIP"
+    assert spec.router.consumer_policy == "LeastBusy"
     sv = spec.connector.shared_volume
     assert sv is not None
     assert sv.mount_path == "/var/cache/encoderpool"

@@ -73,6 +73,18 @@ def test_the_router_accepts_the_flags_it_is_given() -> None:
     assert parse_settings(rdma["args"]).reuse_encoded_s == 0
 
 
+def test_the_router_gets_media_affinity_only_when_the_pool_asks() -> None:
+    pool = load("pool-shared-volume.yaml")
+    default = container(children(pool), "pool-router")["args"]
+    assert "--consumer-policy" not in default
+    assert parse_settings(default).consumer_policy == "least-busy"
+    raw = pool.model_dump(by_alias=True, exclude={"status"})
+    raw["spec"]["router"]["consumerPolicy"] = "MediaAffinity"
+    affine = EncoderPool.from_object({**raw, "metadata": pool.metadata})
+    args = container(children(affine), "pool-router")["args"]
+    assert parse_settings(args).consumer_policy == "media-affinity"
+
+
 def test_rendering_is_pure_and_changes_only_with_its_inputs() -> None:
     pool = load("pool-shared-volume.yaml")
     before = children(pool)

@@ -1007,6 +1007,14 @@ class RouterSpec(ApiModel):
         "one client could then have another's request answered with its own media. Only for "
         "single-tenant pools; off, the router drops them and vLLM hashes the content.",
     )
+    consumer_policy: Literal["LeastBusy", "MediaAffinity"] = Field(
+        default="LeastBusy",
+        description="How the router picks a consumer. LeastBusy: fewest requests in flight. "
+        "MediaAffinity: the same first image (or other media item) goes to the same "
+        "consumer, whose prefix and processor caches then hit, unless it is busy (16 "
+        "requests in flight); text-only requests go to the least busy. Worth it with "
+        "several consumers and repeated media (multi-turn chats, shared images).",
+    )
     auth: RouterAuth | None = Field(
         default=None,
         description="Client authentication: bearer tokens from a Secret. Omit for an open "
