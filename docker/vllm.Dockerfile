@@ -6,6 +6,16 @@
 # image where no registry is reachable (docker/build.sh picks). Pin it by digest.
 ARG VLLM_BASE=vllm/vllm-openai:v0.32.0
 FROM ${VLLM_BASE}
+# vLLM's model-class answers, computed once here instead of in a subprocess at every pod
+# start (~10 s of CPU each; encoderpool_connector/vllm_cache.py says why). vLLM writes its
+# other caches there too, so the pods' user owns it. First, as a plain script: this layer
+# depends on vLLM alone, so a change to our sources does not redo it.
+ENV VLLM_CACHE_ROOT=/var/cache/vllm
+COPY connector/encoderpool_connector/vllm_cache.py /tmp/vllm_cache.py
+RUN mkdir -p /var/cache/vllm \
+ && python3 /tmp/vllm_cache.py \
+ && chown -R 1000:1000 /var/cache/vllm \
+ && rm /tmp/vllm_cache.py
 # --no-index --find-links /wheels when offline (the wheelhouse then holds only the build
 # backend: the base brings torch, pydantic, safetensors and nixl); empty means PyPI.
 ARG PIP_INDEX_ARGS=""
@@ -27,13 +37,6 @@ RUN if python3 -m pip --version >/dev/null 2>&1; then \
  && rm -rf /tmp/encoderpool /wheels \
  && { command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python; } \
  && mkdir -p /home/vllm && chown 1000:1000 /home/vllm
-# vLLM's model-class answers, computed once here instead of in a subprocess at every pod
-# start (~10 s of CPU each; encoderpool_connector/vllm_cache.py says why). vLLM writes its
-# other caches there too, so the pods' user owns it.
-ENV VLLM_CACHE_ROOT=/var/cache/vllm
-RUN mkdir -p /var/cache/vllm \
- && python3 -m encoderpool_connector.vllm_cache \
- && chown -R 1000:1000 /var/cache/vllm
 # The operator's pods run as 1000:1000 with HOME on an emptyDir; so does a plain `docker run`.
 ENV HOME=/home/vllm
 USER 1000:1000

@@ -13,6 +13,8 @@ API (the image pins vLLM 0.32); if that API moves, the build prints why and goes
 without the cache instead of failing.
 
     python -m encoderpool_connector.vllm_cache [ARCH ...]   # default: every architecture
+
+It imports nothing of ours, so the image runs it as a plain script before our install.
 """
 
 from __future__ import annotations
