@@ -62,7 +62,7 @@ def test_filled_cache_answers_vllms_start_up_lookup(tmp_path: Path) -> None:
     assert (tmp_path / "vllm" / "modelinfos").is_dir()
 
 
-def test_without_a_cache_root_it_says_what_to_set(tmp_path: Path) -> None:
+def test_without_a_cache_root_it_says_what_to_set() -> None:
     env = {k: v for k, v in base_env().items() if k != "VLLM_CACHE_ROOT"}
     done = subprocess.run(
         [sys.executable, "-m", "encoderpool_connector.vllm_cache"],
