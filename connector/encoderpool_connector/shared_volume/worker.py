@@ -29,18 +29,13 @@ import torch
 from encoderpool_connector.contracts import ConnectorConfig, dtype_name, payload_bytes
 from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES, LoadBuffers
 from encoderpool_connector.ranks import Failing, Rank, recompute
-from encoderpool_connector.shared_volume.entry import (
-    EntryError,
-    Header,
-    checksum,
-    entry_name,
-    read_payload,
-)
+from encoderpool_connector.shared_volume.entry import EntryError, Header, checksum, entry_name
 from encoderpool_connector.shared_volume.metadata import (
     LoadSpec,
     SharedVolumeMetadata,
     SharedVolumeWorkerMetadata,
 )
+from encoderpool_connector.shared_volume.split import SplitReader, default_threads
 from encoderpool_connector.shared_volume.stats import EncoderPoolECStats
 from encoderpool_connector.shared_volume.store import SharedStore
 from encoderpool_connector.stats import LockedStats
@@ -196,6 +191,8 @@ class SharedVolumeWorker(OnDevice):
             DEFAULT_LOAD_BUFFER_BYTES if sv.load_buffer_bytes is None else sv.load_buffer_bytes
         )
         self._buffers: LoadBuffers | None = None  # made on the first load (needs the device)
+        self._load_threads = sv.load_threads
+        self._reader: SplitReader | None = None  # made on the first load, on the step's thread
         self._loaded_bytes = 0  # the payload size of the last load, for the step's counters
         self._fallback_logged = False
         self.writer: BackgroundWriter | None = None
@@ -288,7 +285,9 @@ class SharedVolumeWorker(OnDevice):
             # worker other bytes.
             fd = self.store.open_verified(spec.subdir, spec.name, spec.inode, spec.offset + nbytes)
             try:
-                read_payload(fd, target, spec.offset, nbytes)
+                # Large payloads in parts on two threads (or as configured); every part is
+                # done before this returns or raises, so the fd and buffer outlive them.
+                (self._reader or self._split_reader()).read(fd, target, spec.offset, nbytes)
             finally:
                 os.close(fd)
             if device.type != "cpu":
@@ -307,6 +306,15 @@ class SharedVolumeWorker(OnDevice):
                 e,
             )
             return None
+
+    def _split_reader(self) -> SplitReader:
+        """Made on the first load, on the thread that loads: the default thread count
+        follows that thread's CPU affinity, which the helpers inherit."""
+        if self._reader is None:
+            threads = self._load_threads or default_threads()
+            self._reader = SplitReader(threads)
+            logger.info("encoderpool: large entries are read with %d thread(s)", threads)
+        return self._reader
 
     def _buffer(
         self, nbytes: int, spec: LoadSpec, device: torch.device
@@ -354,3 +362,5 @@ class SharedVolumeWorker(OnDevice):
     def shutdown(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self._reader is not None:
+            self._reader.close()
