@@ -9,7 +9,12 @@ about 9.3 MB); "small" is the tiny model's (64 x 128). Reported per item:
   synchronously; ours hands the tensor to the background writer.
 - load: time on the step path until the tensor is usable in memory. The
   example's safetensors load maps the file lazily, so it is followed by a
-  copy (what a GPU upload would read); ours is the worker's step-path entry,
+  copy (what a GPU upload would read); it is timed in the same rotation as
+  ours and raw, each time right after an untimed read of its whole file plus
+  a BLAKE3 of it (what our verification does to our file before each of
+  ours and raw), so all three start from the same cache state. Also reported:
+  the example timed as session 6 did (one loop of loads right after its saves,
+  nothing before each). Ours is the worker's step-path entry,
   ``start_load_caches`` with the one item (its per-step work included), reading
   into a reused buffer of the worker's pool (the tensor is dropped after each
   check, as vLLM frees an item, so its buffer serves the next load; the first
@@ -50,7 +55,7 @@ import torch
 
 from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES
-from encoderpool_connector.shared_volume.entry import Expect, entry_name
+from encoderpool_connector.shared_volume.entry import Expect, checksum, entry_name
 from encoderpool_connector.shared_volume.metadata import LoadSpec, SharedVolumeMetadata
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
 from encoderpool_connector.shared_volume.worker import (
@@ -137,6 +142,24 @@ def read_whole(path: str, buf: bytearray | mmap.mmap) -> None:
         os.close(fd)
 
 
+def read_and_hash(path: str) -> None:
+    """What our verification does to an entry before a load (a whole read and a BLAKE3),
+    done to the example's file before each of its loads: the same cache state for all."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buf = bytearray(os.fstat(fd).st_size)
+        view = memoryview(buf)
+        done = 0
+        while done < len(view):
+            k = os.preadv(fd, [view[done:]], done)
+            if not k:
+                break
+            done += k
+        checksum(view)
+    finally:
+        os.close(fd)
+
+
 def fsync(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -172,17 +195,23 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
     meta = ECExampleConnectorMetadata()
     ex = example_connector(str(ex_root), meta)
     ex_save = [timed(lambda h=h: ex.save_caches(tensors, h)) for h in tensors]
-    ex_load = []
-    for h in tensors:
+
+    def example_load(h: str) -> float:
+        """One timed load of ``h`` by the example (map + clone), checked after."""
         meta.mm_datas = [MMMeta(h, shape[0])]
         cache: dict[str, torch.Tensor] = {}
 
-        def load(cache: dict[str, torch.Tensor] = cache, h: str = h) -> None:
+        def load() -> None:
             ex.start_load_caches(cache)
             cache[h] = cache[h].clone()  # make it resident: the lazy map read in full
 
-        ex_load.append(timed(load))
-        assert torch.equal(cache[h], tensors[h])
+        took = timed(load)
+        assert same(cache[h], tensors[h])
+        return took
+
+    # Session 6's way, kept for comparison: one loop right after the saves.
+    ex_load_alone = [example_load(h) for h in tensors]
+    ex_paths = {h: ex._generate_filename_debug(h) for h in tensors}
 
     # --- ours ---
     ours_root = root / f"ours-{kind}"
@@ -238,7 +267,14 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         pins.drop(spec.name)
         return took
 
+    def example_read(h: str) -> float:
+        """The example after the same kind of preparation as ours and raw: its file read
+        in full and hashed (untimed), then its timed load."""
+        read_and_hash(ex_paths[h])
+        return example_load(h)
+
     verify, ours, raw, raw_bytearray, ours_fresh, ours_cold, raw_cold = ([] for _ in range(7))
+    ex_load: list[float] = []
     for i, h in enumerate(list(tensors) * rounds):
         expect = Expect(h, FP, "bfloat16", shape[0], shape[1])
         pin = pins.pin(entry_name(FP, h))
@@ -252,8 +288,9 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
             lambda h=h: raw.append(raw_read(h, raw_buf)),
             lambda h=h: ours_fresh.append(load(fresh, h)),
             lambda h=h: raw_bytearray.append(raw_read(h, raw_ba)),
+            lambda h=h: ex_load.append(example_read(h)),
         ]
-        for step in warm[i % 4 :] + warm[: i % 4]:
+        for step in warm[i % 5 :] + warm[: i % 5]:
             step()
         # Cold: the file's pages dropped from the page cache after the verification.
         cold = [
@@ -272,6 +309,7 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         "ours_save_ms": med_ms(ours_save),
         "ours_writer_GBps": n * gbps / drain_s,
         "example_load_ms": med_ms(ex_load),
+        "example_load_alone_ms": med_ms(ex_load_alone),
         "ours_load_ms": med_ms(ours),
         "ours_load_first_ms": first_load * 1e3,
         "ours_load_fresh_ms": med_ms(ours_fresh),
