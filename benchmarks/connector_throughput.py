@@ -99,17 +99,18 @@ def quantile_ms(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3
 
 
-def consumer_worker(store: SharedStore, buffer_bytes: int) -> SharedVolumeWorker:
+def consumer_worker(
+    store: SharedStore, buffer_bytes: int, load_threads: int | None
+) -> SharedVolumeWorker:
+    sv: dict[str, Any] = {
+        "root": store.root,
+        "capacity_bytes": store.capacity_bytes,
+        "load_buffer_bytes": buffer_bytes,
+    }
+    if load_threads is not None:  # unset: the connector's default (and older code runs)
+        sv["load_threads"] = load_threads
     config = ConnectorConfig.from_extra_config(
-        {
-            "transport": "sharedVolume",
-            "model_fingerprint": FP,
-            "shared_volume": {
-                "root": store.root,
-                "capacity_bytes": store.capacity_bytes,
-                "load_buffer_bytes": buffer_bytes,
-            },
-        }
+        {"transport": "sharedVolume", "model_fingerprint": FP, "shared_volume": sv}
     )
     worker = SharedVolumeWorker(config, store, is_producer=False, is_consumer=True)
     worker._device = torch.device("cpu")
@@ -177,7 +178,14 @@ def drop_cache(path: str) -> None:
         os.close(fd)
 
 
-def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> dict[str, float]:
+def run(
+    kind: str,
+    n: int,
+    shape: tuple[int, int],
+    root: Path,
+    rounds: int,
+    load_threads: int | None = None,
+) -> dict[str, float]:
     from vllm.distributed.ec_transfer.ec_connector.example_connector import (
         ECExampleConnectorMetadata,
         MMMeta,
@@ -230,8 +238,9 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         fsync(path)  # clean pages, so that DONTNEED can drop them for the cold runs
 
     pins = Pins(store)
-    worker = consumer_worker(store, DEFAULT_LOAD_BUFFER_BYTES)
-    fresh = consumer_worker(store, 0)  # the pool off: every load faults in a fresh tensor
+    worker = consumer_worker(store, DEFAULT_LOAD_BUFFER_BYTES, load_threads)
+    # The pool off: every load faults in a fresh tensor.
+    fresh = consumer_worker(store, 0, load_threads)
     size = os.path.getsize(paths[next(iter(tensors))])
     raw_buf = touched_buffer(size)  # the same kind of memory the pool's slots are
     raw_ba = bytearray(size)  # session 5's raw destination, kept for comparison
@@ -350,10 +359,16 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=3, help="Loads and raw reads of each item (warm and cold)."
     )
     p.add_argument("--dir", type=Path, default=None, help="Directory on the filesystem to test.")
+    p.add_argument(
+        "--load-threads",
+        type=int,
+        default=None,
+        help="shared_volume.load_threads of our consumer (default: unset, the connector's).",
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ep-bench-", dir=args.dir) as d:
-        small = run("small", args.small, (64, 128), Path(d), args.rounds)
-        large = run("large", args.large, (1300, 3584), Path(d), args.rounds)
+        small = run("small", args.small, (64, 128), Path(d), args.rounds, args.load_threads)
+        large = run("large", args.large, (1300, 3584), Path(d), args.rounds, args.load_threads)
     del small
     print(
         "RESULT "
