@@ -26,7 +26,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from encoderpool_connector.shared_volume.entry import EntryError, read_payload
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     import numpy as np
 
 logger = logging.getLogger("vllm.ext." + __name__)
+
+T = TypeVar("T")
 
 # Payloads below this are read by the calling thread alone: waking a helper and
 # waiting for it costs tens of microseconds, more than half a copy this small saves.
@@ -56,6 +59,10 @@ def default_threads() -> int:
     except (AttributeError, OSError):  # not Linux
         cpus = os.cpu_count() or 1
     return 2 if cpus >= 2 else 1
+
+
+def _nothing() -> None:
+    return None
 
 
 class _Job:
@@ -152,21 +159,31 @@ class SplitReader:
 
         EntryError when the file ends early in any part, OSError when a read fails; either
         way only after every part stopped."""
+        self.read_and(fd, out, offset, nbytes, _nothing)
+
+    def read_and(
+        self, fd: int, out: np.ndarray, offset: int, nbytes: int, meanwhile: Callable[[], T]
+    ) -> T:
+        """``read``, and ``meanwhile()`` on the calling thread once its own part is read,
+        while the helpers may still read theirs (the load makes its tensor there, off the
+        copy's critical path); returns what ``meanwhile`` returned."""
         if self.threads == 1 or nbytes < self.min_split_bytes or self._closed:
             read_payload(fd, out, offset, nbytes)
-            return
+            return meanwhile()
         if not self._busy.acquire(blocking=False):
             read_payload(fd, out, offset, nbytes)  # another thread's read holds the helpers
-            return
+            return meanwhile()
         try:
             if self._closed:  # closed while this thread waited for the lock
                 read_payload(fd, out, offset, nbytes)
-            else:
-                self._split(fd, out, offset, nbytes)
+                return meanwhile()
+            return self._split(fd, out, offset, nbytes, meanwhile)
         finally:
             self._busy.release()
 
-    def _split(self, fd: int, out: np.ndarray, offset: int, nbytes: int) -> None:
+    def _split(
+        self, fd: int, out: np.ndarray, offset: int, nbytes: int, meanwhile: Callable[[], T]
+    ) -> T:
         if len(out) != nbytes:
             raise EntryError(f"buffer of {len(out)} bytes for a payload of {nbytes}")
         if not self._helpers:  # once per reader, on its first large read
@@ -181,6 +198,7 @@ class SplitReader:
                 helper.start(_Job(fd, out, offset, start, min(part, nbytes - start)))
                 started.append(helper)
             read_payload(fd, out[:part], offset, part)
+            result = meanwhile()
         finally:
             # Every started part finishes before anything is raised or returned: the fd is
             # closed and the buffer may be reused only after this.
@@ -190,6 +208,7 @@ class SplitReader:
             if isinstance(e, (EntryError, OSError)):
                 raise e
             raise EntryError(f"a read helper failed: {e!r}")
+        return result
 
     def close(self) -> None:
         """Stop the helpers (shutdown); later reads use the calling thread alone."""

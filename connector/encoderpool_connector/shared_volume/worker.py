@@ -21,13 +21,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from encoderpool_connector.contracts import ConnectorConfig, dtype_name, payload_bytes
-from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES, LoadBuffers
+from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES, LoadBuffers, as_tensor
 from encoderpool_connector.ranks import Failing, Rank, recompute
 from encoderpool_connector.shared_volume.entry import EntryError, Header, checksum, entry_name
 from encoderpool_connector.shared_volume.metadata import (
@@ -279,7 +280,7 @@ class SharedVolumeWorker(OnDevice):
                 raise OSError(f"test hook: loads on rank {self.rank.rank} fail")
             nbytes = self._loaded_bytes = payload_bytes(spec.dtype, spec.shape)
             device = self._target_device()
-            tensor, target = self._buffer(nbytes, spec, device)
+            target = self._buffer(nbytes, device)
             # Under the root's fds, never through a link, only the verified inode, and
             # only at the verified size: a directory swapped meanwhile cannot hand this
             # worker other bytes.
@@ -287,7 +288,14 @@ class SharedVolumeWorker(OnDevice):
             try:
                 # Large payloads in parts on two threads (or as configured); every part is
                 # done before this returns or raises, so the fd and buffer outlive them.
-                (self._reader or self._split_reader()).read(fd, target, spec.offset, nbytes)
+                # The tensor is made while the helper may still be reading.
+                tensor = (self._reader or self._split_reader()).read_and(
+                    fd,
+                    target,
+                    spec.offset,
+                    nbytes,
+                    partial(as_tensor, target, TORCH_DTYPES[spec.dtype], spec.shape),
+                )
             finally:
                 os.close(fd)
             if device.type != "cpu":
@@ -316,15 +324,12 @@ class SharedVolumeWorker(OnDevice):
             logger.info("encoderpool: large entries are read with %d thread(s)", threads)
         return self._reader
 
-    def _buffer(
-        self, nbytes: int, spec: LoadSpec, device: torch.device
-    ) -> tuple[torch.Tensor, np.ndarray]:
-        """Host memory for one payload, as the tensor to hand out (``spec``'s dtype and
-        shape) and the flat bytes to read into: a pooled buffer, else a fresh tensor."""
+    def _buffer(self, nbytes: int, device: torch.device) -> np.ndarray:
+        """Host memory for one payload, the flat bytes to read into (``as_tensor`` makes
+        the tensor over them): a pooled buffer, else fresh memory."""
         if self._buffers is None:
             self._buffers = LoadBuffers(self._buffer_limit, pinned=device.type == "cuda")
-        dtype = TORCH_DTYPES[spec.dtype]
-        lent = self._buffers.lend(nbytes, dtype, spec.shape)
+        lent = self._buffers.lend_array(nbytes)
         if lent is not None:
             return lent
         if self._buffers.serves(nbytes):
@@ -336,8 +341,7 @@ class SharedVolumeWorker(OnDevice):
                     "memory (slower; raise shared_volume.load_buffer_bytes)",
                     self._buffers.limit_bytes,
                 )
-        fresh = torch.empty(nbytes, dtype=torch.uint8)
-        return fresh.view(dtype).view(spec.shape), fresh.numpy()
+        return np.empty(nbytes, dtype=np.uint8)
 
     # ---- outputs ----
 

@@ -213,6 +213,61 @@ def test_the_read_returns_and_the_buffer_is_freed_only_after_every_part(
     assert pool.free_slots == 1  # the helper holds nothing of it any more
 
 
+@pytest.mark.parametrize("nbytes", [MIN_SPLIT_BYTES - 1, MIN_SPLIT_BYTES])
+def test_meanwhile_runs_on_the_caller_after_its_part_and_its_result_is_returned(
+    tmp_path: Path, reader: SplitReader, nbytes: int
+) -> None:
+    """The load makes its tensor in ``meanwhile``: on the calling thread, once the
+    caller's own part is in the buffer (split or not), returned as the read's result."""
+    path = tmp_path / "entry"
+    want = write_file(path, nbytes)
+    out = np.zeros(nbytes, dtype=np.uint8)
+    seen: list[tuple[str, bytes]] = []
+
+    def meanwhile() -> str:
+        seen.append((threading.current_thread().name, out[:100].tobytes()))
+        return "made"
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert reader.read_and(fd, out, OFFSET, nbytes, meanwhile) == "made"
+    finally:
+        os.close(fd)
+    assert seen == [(threading.current_thread().name, want[:100])]
+    assert out.tobytes() == want
+
+
+def test_a_failing_meanwhile_still_waits_for_the_helper(
+    tmp_path: Path, reader: SplitReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nbytes = MIN_SPLIT_BYTES
+    path = tmp_path / "entry"
+    write_file(path, nbytes)
+    real = read_payload
+    finished: list[float] = []
+
+    def slow_helper(*args: Any) -> None:
+        real(*args)
+        if is_helper():
+            time.sleep(0.3)
+            finished.append(time.monotonic())
+
+    def meanwhile() -> None:
+        raise RuntimeError("making the tensor failed")
+
+    monkeypatch.setattr(split, "read_payload", slow_helper)
+    out = np.zeros(nbytes, dtype=np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(RuntimeError, match="making the tensor"):
+            reader.read_and(fd, out, OFFSET, nbytes, meanwhile)
+        returned = time.monotonic()
+    finally:
+        os.close(fd)
+    assert finished
+    assert finished[0] <= returned
+
+
 def test_one_helper_is_made_once_and_reused_for_every_load(
     tmp_path: Path, reader: SplitReader
 ) -> None:
