@@ -271,9 +271,10 @@ class SharedVolumeWorker(OnDevice):
     def _load(self, spec: LoadSpec) -> torch.Tensor | None:
         """The entry as a tensor on this worker's device; None (logged) on failure.
 
-        The hot path is a handful of calls around one ``preadv``: the scheduler already
-        verified the entry (checksum, mac, header) and hands over its dtype, shape, inode
-        and payload offset, so nothing here parses or hashes.
+        The hot path is a handful of calls around the payload read (one ``preadv``, or
+        parts on two threads for a large payload): the scheduler already verified the
+        entry (checksum, mac, header) and hands over its dtype, shape, inode and payload
+        offset, so nothing here parses or hashes.
         """
         try:
             if self.rank.injected_fault():
