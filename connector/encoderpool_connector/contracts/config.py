@@ -55,7 +55,7 @@ class SharedVolumeSettings(Frozen):
     )
     load_threads: Annotated[int, Field(ge=1, le=8)] | None = Field(
         default=None,
-        description="Threads that read one large entry (4 MiB or more) at once, each a "
+        description="Threads that read one large entry (6 MiB or more) at once, each a "
         "part of it: the worker's own thread plus load_threads - 1 helpers made once per "
         "worker. Unset: 2 when the worker may run on two CPUs or more, else 1. 1 reads "
         "with the worker's thread alone.",

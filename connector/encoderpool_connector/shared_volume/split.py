@@ -38,9 +38,11 @@ logger = logging.getLogger("vllm.ext." + __name__)
 
 T = TypeVar("T")
 
-# Payloads below this are read by the calling thread alone: waking a helper and
-# waiting for it costs tens of microseconds, more than half a copy this small saves.
-MIN_SPLIT_BYTES = 4 << 20
+# Payloads below this are read by the calling thread alone. The caller waits 60-180 us
+# for the helper's part (mostly its wake-up) on the 2-core VM measured
+# (docs/benchmarks-connector.md, session 7): two parts took 0.90-1.14 of one read's
+# time at 4 MiB, 0.95-1.05 at 6 MiB, 0.81-0.88 at 8 MiB.
+MIN_SPLIT_BYTES = 6 << 20
 # Where parts may start, relative to the payload: whole pages of the destination.
 _PART_GRAIN = 64 << 10
 # More helpers than this are not worth a thread each (and were never measured).
