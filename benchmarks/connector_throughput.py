@@ -9,27 +9,31 @@ about 9.3 MB); "small" is the tiny model's (64 x 128). Reported per item:
   synchronously; ours hands the tensor to the background writer.
 - load: time on the step path until the tensor is usable in memory. The
   example's safetensors load maps the file lazily, so it is followed by a
-  copy (what a GPU upload would read); it is timed in the same rotation as
-  ours and raw, each time right after the same untimed pin + verification of
-  the item as they get, so all three run under the same conditions. Also
-  reported: the example timed as session 6 did (one loop of loads right after
-  its saves, nothing in between: torch's threads stay awake from one clone to
-  the next, which makes it faster). Ours is the worker's step-path entry,
-  ``start_load_caches`` with the one item (its per-step work included), reading
-  into a reused buffer of the worker's pool (the tensor is dropped after each
-  check, as vLLM frees an item, so its buffer serves the next load; the first
-  load, which makes the buffer, is reported apart). Warm: right after our
-  verification read the entry, which is when a consumer loads. Also: ours with
-  the pool off (a fresh tensor per load: the first-touch faults) and ours cold
-  (the file's pages dropped with posix_fadvise DONTNEED after the verification).
-  Our checksum verification runs before that, on the scheduler's thread pool
-  (off the step path); its time is reported separately, not hidden.
+  copy (what a GPU upload would read); it is timed among ours and raw, each
+  time right after the same untimed pin + verification of the item as they
+  get, so all three run under the same conditions. Also reported: the example
+  timed as session 6 did (one loop of loads right after its saves, nothing in
+  between: torch's threads stay awake from one clone to the next, which makes
+  it faster). Ours is the worker's step-path entry, ``start_load_caches`` with
+  the one item (its per-step work included), reading into a reused buffer of
+  the worker's pool (the tensor is dropped after each check, as vLLM frees an
+  item, so its buffer serves the next load; the first load, which makes the
+  buffer, is reported apart). Warm: right after our verification read the
+  entry, which is when a consumer loads. Also: ours with the pool off (a fresh
+  tensor per load: the first-touch faults) and ours cold (the file's pages
+  dropped with posix_fadvise DONTNEED after the verification). Our checksum
+  verification runs before that, on the scheduler's thread pool (off the step
+  path); its time is reported separately, not hidden.
 - raw: the same files, whole, with one read loop and no checks, into touched
   anonymous memory with huge pages advised (the kind the pool's slots are):
   the page cache's limit (warm) and the disk's (cold). Every raw read follows
   the same untimed pin + verification as a load of that item (so it finds the
-  same cache state), in the same rotation. Also reported: raw into a touched
-  bytearray (session 5's raw: 4 KiB pages, and much noisier across processes).
+  same cache state). Also reported: raw into a touched bytearray (session 5's
+  raw: 4 KiB pages, and much noisier across processes).
+- order: the warm reads of an item (ours, raw, the example, ours without the
+  pool, raw into a bytearray) run in a random order, seeded (the same orders
+  in every run): the step just before matters, and a fixed rotation would
+  always put the same one before each. Medians by the step before are printed.
 
 Last line: RESULT save_block_ratio=<ours/example> load_ratio=<example/ours>
 fraction_of_raw=<ours load GB/s / raw GB/s, warm> fraction_of_raw_cold=<the same,
@@ -39,8 +43,10 @@ cold>, all from the large items (medians).
 from __future__ import annotations
 
 import argparse
+import collections
 import mmap
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -267,6 +273,18 @@ def run(
 
     verify, ours, raw, raw_bytearray, ours_fresh, ours_cold, raw_cold = ([] for _ in range(7))
     ex_load: list[float] = []
+    series = {
+        "ours": ours,
+        "raw": raw,
+        "ours_fresh": ours_fresh,
+        "raw_bytearray": raw_bytearray,
+        "example": ex_load,
+    }
+    # A fresh random order per item (the same orders in every run): a fixed rotation keeps
+    # which step runs before which, and the step before matters (after the example's
+    # clone, torch's threads may still hold the second core).
+    shuffle = random.Random(0).shuffle
+    after: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     for i, h in enumerate(list(tensors) * rounds):
         expect = Expect(h, FP, "bfloat16", shape[0], shape[1])
         pin = pins.pin(entry_name(FP, h))
@@ -274,16 +292,21 @@ def run(
         verify.append(timed(lambda pin=pin, expect=expect: store.verify(pins.subdir, pin, expect)))
         store.unlink(pins.subdir, pin)
         # Warm, as a consumer loads: its scheduler just read the whole entry to verify it.
-        # Rotate which goes first, so none always finds the others' bytes in the CPU cache.
-        warm = [
-            lambda h=h: ours.append(load(worker, h)),
-            lambda h=h: raw.append(raw_read(h, raw_buf)),
-            lambda h=h: ours_fresh.append(load(fresh, h)),
-            lambda h=h: raw_bytearray.append(raw_read(h, raw_ba)),
-            lambda h=h: ex_load.append(example_read(h)),
-        ]
-        for step in warm[i % 5 :] + warm[: i % 5]:
-            step()
+        warm: dict[str, Callable[[], float]] = {
+            "ours": lambda h=h: load(worker, h),
+            "raw": lambda h=h: raw_read(h, raw_buf),
+            "ours_fresh": lambda h=h: load(fresh, h),
+            "raw_bytearray": lambda h=h: raw_read(h, raw_ba),
+            "example": lambda h=h: example_read(h),
+        }
+        names = list(warm)
+        shuffle(names)
+        before = "first"
+        for name in names:
+            took = warm[name]()
+            series[name].append(took)
+            after[name, before].append(took)
+            before = name
         # Cold: the file's pages dropped from the page cache after the verification.
         cold = [
             lambda h=h: ours_cold.append(load(worker, h, cold=True)),
@@ -331,6 +354,14 @@ def run(
     print(f"{kind}: {n} items of {shape[0]}x{shape[1]} bf16 ({nbytes / 1e6:.2f} MB)")
     for k, v in res.items():
         print(f"  {k:20s} {v:10.4f}")
+    print("  median ms by the step just before (warm; count in brackets):")
+    for name in ("ours", "raw", "example"):
+        cells = [
+            f"{b} {med_ms(after[name, b]):.3f} [{len(after[name, b])}]"
+            for b in ["first", *series]
+            if b != name and after[name, b]
+        ]
+        print(f"    {name:8s} after: " + ", ".join(cells))
     return res
 
 
