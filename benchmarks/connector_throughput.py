@@ -9,22 +9,33 @@ about 9.3 MB); "small" is the tiny model's (64 x 128). Reported per item:
   synchronously; ours hands the tensor to the background writer.
 - load: time on the step path until the tensor is usable in memory. The
   example's safetensors load maps the file lazily, so it is followed by a
-  copy (what a GPU upload would read); ours is the worker's step-path entry,
-  ``start_load_caches`` with the one item (its per-step work included), reading
-  into a reused buffer of the worker's pool (the tensor is dropped after each
-  check, as vLLM frees an item, so its buffer serves the next load; the first
-  load, which makes the buffer, is reported apart). Warm: right after our
-  verification read the entry, which is when a consumer loads. Also: ours with
-  the pool off (a fresh tensor per load: the first-touch faults) and ours cold
-  (the file's pages dropped with posix_fadvise DONTNEED after the verification).
-  Our checksum verification runs before that, on the scheduler's thread pool
-  (off the step path); its time is reported separately, not hidden.
+  copy (what a GPU upload would read); it is timed among ours and raw, each
+  time right after the same untimed pin + verification of the item as they
+  get, so all three run under the same conditions. Also reported: the example
+  timed as session 6 did (one loop of loads right after its saves, nothing in
+  between: torch's threads stay awake from one clone to the next, which makes
+  it faster), and both back to back (every item pinned and verified first,
+  then one load after another, as in a step with several items; then the
+  example's loads likewise). Ours is the worker's step-path entry, ``start_load_caches`` with
+  the one item (its per-step work included), reading into a reused buffer of
+  the worker's pool (the tensor is dropped after each check, as vLLM frees an
+  item, so its buffer serves the next load; the first load, which makes the
+  buffer, is reported apart). Warm: right after our verification read the
+  entry, which is when a consumer loads. Also: ours with the pool off (a fresh
+  tensor per load: the first-touch faults) and ours cold (the file's pages
+  dropped with posix_fadvise DONTNEED after the verification). Our checksum
+  verification runs before that, on the scheduler's thread pool (off the step
+  path); its time is reported separately, not hidden.
 - raw: the same files, whole, with one read loop and no checks, into touched
   anonymous memory with huge pages advised (the kind the pool's slots are):
   the page cache's limit (warm) and the disk's (cold). Every raw read follows
   the same untimed pin + verification as a load of that item (so it finds the
-  same cache state), in the same rotation. Also reported: raw into a touched
-  bytearray (session 5's raw: 4 KiB pages, and much noisier across processes).
+  same cache state). Also reported: raw into a touched bytearray (session 5's
+  raw: 4 KiB pages, and much noisier across processes).
+- order: the warm reads of an item (ours, raw, the example, ours without the
+  pool, raw into a bytearray) run in a random order, seeded (the same orders
+  in every run): the step just before matters, and a fixed rotation would
+  always put the same one before each. Medians by the step before are printed.
 
 Last line: RESULT save_block_ratio=<ours/example> load_ratio=<example/ours>
 fraction_of_raw=<ours load GB/s / raw GB/s, warm> fraction_of_raw_cold=<the same,
@@ -34,8 +45,10 @@ cold>, all from the large items (medians).
 from __future__ import annotations
 
 import argparse
+import collections
 import mmap
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -94,17 +107,18 @@ def quantile_ms(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3
 
 
-def consumer_worker(store: SharedStore, buffer_bytes: int) -> SharedVolumeWorker:
+def consumer_worker(
+    store: SharedStore, buffer_bytes: int, load_threads: int | None
+) -> SharedVolumeWorker:
+    sv: dict[str, Any] = {
+        "root": store.root,
+        "capacity_bytes": store.capacity_bytes,
+        "load_buffer_bytes": buffer_bytes,
+    }
+    if load_threads is not None:  # unset: the connector's default (and older code runs)
+        sv["load_threads"] = load_threads
     config = ConnectorConfig.from_extra_config(
-        {
-            "transport": "sharedVolume",
-            "model_fingerprint": FP,
-            "shared_volume": {
-                "root": store.root,
-                "capacity_bytes": store.capacity_bytes,
-                "load_buffer_bytes": buffer_bytes,
-            },
-        }
+        {"transport": "sharedVolume", "model_fingerprint": FP, "shared_volume": sv}
     )
     worker = SharedVolumeWorker(config, store, is_producer=False, is_consumer=True)
     worker._device = torch.device("cpu")
@@ -154,7 +168,14 @@ def drop_cache(path: str) -> None:
         os.close(fd)
 
 
-def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> dict[str, float]:
+def run(
+    kind: str,
+    n: int,
+    shape: tuple[int, int],
+    root: Path,
+    rounds: int,
+    load_threads: int | None = None,
+) -> dict[str, float]:
     from vllm.distributed.ec_transfer.ec_connector.example_connector import (
         ECExampleConnectorMetadata,
         MMMeta,
@@ -172,17 +193,22 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
     meta = ECExampleConnectorMetadata()
     ex = example_connector(str(ex_root), meta)
     ex_save = [timed(lambda h=h: ex.save_caches(tensors, h)) for h in tensors]
-    ex_load = []
-    for h in tensors:
+
+    def example_load(h: str) -> float:
+        """One timed load of ``h`` by the example (map + clone), checked after."""
         meta.mm_datas = [MMMeta(h, shape[0])]
         cache: dict[str, torch.Tensor] = {}
 
-        def load(cache: dict[str, torch.Tensor] = cache, h: str = h) -> None:
+        def load() -> None:
             ex.start_load_caches(cache)
             cache[h] = cache[h].clone()  # make it resident: the lazy map read in full
 
-        ex_load.append(timed(load))
-        assert torch.equal(cache[h], tensors[h])
+        took = timed(load)
+        assert same(cache[h], tensors[h])
+        return took
+
+    # Session 6's way, kept for comparison: one loop right after the saves.
+    ex_load_alone = [example_load(h) for h in tensors]
 
     # --- ours ---
     ours_root = root / f"ours-{kind}"
@@ -201,8 +227,9 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         fsync(path)  # clean pages, so that DONTNEED can drop them for the cold runs
 
     pins = Pins(store)
-    worker = consumer_worker(store, DEFAULT_LOAD_BUFFER_BYTES)
-    fresh = consumer_worker(store, 0)  # the pool off: every load faults in a fresh tensor
+    worker = consumer_worker(store, DEFAULT_LOAD_BUFFER_BYTES, load_threads)
+    # The pool off: every load faults in a fresh tensor.
+    fresh = consumer_worker(store, 0, load_threads)
     size = os.path.getsize(paths[next(iter(tensors))])
     raw_buf = touched_buffer(size)  # the same kind of memory the pool's slots are
     raw_ba = bytearray(size)  # session 5's raw destination, kept for comparison
@@ -222,6 +249,9 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         spec = prepare(h)
         if cold:
             drop_cache(paths[h])
+        return load_prepared(w, h, spec)
+
+    def load_prepared(w: SharedVolumeWorker, h: str, spec: LoadSpec) -> float:
         cache: dict[str, torch.Tensor] = {}
         meta = SharedVolumeMetadata(loads=[spec])
         took = timed(lambda: w.start_load_caches(cache, meta))
@@ -238,7 +268,28 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         pins.drop(spec.name)
         return took
 
+    def example_read(h: str) -> float:
+        """The example after the same untimed preparation as ours and raw (the item's
+        pin and verification), in the same rotation."""
+        spec = prepare(h)
+        took = example_load(h)
+        pins.drop(spec.name)
+        return took
+
     verify, ours, raw, raw_bytearray, ours_fresh, ours_cold, raw_cold = ([] for _ in range(7))
+    ex_load: list[float] = []
+    series = {
+        "ours": ours,
+        "raw": raw,
+        "ours_fresh": ours_fresh,
+        "raw_bytearray": raw_bytearray,
+        "example": ex_load,
+    }
+    # A fresh random order per item (the same orders in every run): a fixed rotation keeps
+    # which step runs before which, and the step before matters (after the example's
+    # clone, torch's threads may still hold the second core).
+    shuffle = random.Random(0).shuffle
+    after: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     for i, h in enumerate(list(tensors) * rounds):
         expect = Expect(h, FP, "bfloat16", shape[0], shape[1])
         pin = pins.pin(entry_name(FP, h))
@@ -246,15 +297,22 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         verify.append(timed(lambda pin=pin, expect=expect: store.verify(pins.subdir, pin, expect)))
         store.unlink(pins.subdir, pin)
         # Warm, as a consumer loads: its scheduler just read the whole entry to verify it.
-        # Rotate which goes first, so none always finds the others' bytes in the CPU cache.
-        warm = [
-            lambda h=h: ours.append(load(worker, h)),
-            lambda h=h: raw.append(raw_read(h, raw_buf)),
-            lambda h=h: ours_fresh.append(load(fresh, h)),
-            lambda h=h: raw_bytearray.append(raw_read(h, raw_ba)),
-        ]
-        for step in warm[i % 4 :] + warm[: i % 4]:
-            step()
+        warm: dict[str, Callable[[], float]] = {
+            "ours": lambda h=h: load(worker, h),
+            "raw": lambda h=h: raw_read(h, raw_buf),
+            "ours_fresh": lambda h=h: load(fresh, h),
+            "raw_bytearray": lambda h=h: raw_read(h, raw_ba),
+            "example": lambda h=h: example_read(h),
+        }
+        names = list(warm)
+        shuffle(names)
+        before = "first"
+        for name in names:
+            took = warm[name]()
+            series[name].append(took)
+            if not (name == "ours" and len(ours) == 1):  # the first makes the buffer
+                after[name, before].append(took)
+            before = name
         # Cold: the file's pages dropped from the page cache after the verification.
         cold = [
             lambda h=h: ours_cold.append(load(worker, h, cold=True)),
@@ -262,6 +320,12 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         ]
         for step in cold[i % 2 :] + cold[: i % 2]:
             step()
+    # Back to back, as session 6 timed the example and as a step with several items loads:
+    # every item pinned and verified first, then the loads one after another with only the
+    # check between them; then the example's loads the same way.
+    specs = {h: prepare(h) for h in tensors}
+    ours_b2b = [load_prepared(worker, h, specs[h]) for h in tensors]
+    ex_b2b = [example_load(h) for h in tensors]
     pins.close()
     first_load = ours[0]  # includes making (and touching) the pool's first buffer
     ours = ours[1:] if len(ours) > 1 else ours
@@ -272,6 +336,9 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
         "ours_save_ms": med_ms(ours_save),
         "ours_writer_GBps": n * gbps / drain_s,
         "example_load_ms": med_ms(ex_load),
+        "example_load_alone_ms": med_ms(ex_load_alone),
+        "example_load_b2b_ms": med_ms(ex_b2b),
+        "ours_load_b2b_ms": med_ms(ours_b2b),
         "ours_load_ms": med_ms(ours),
         "ours_load_first_ms": first_load * 1e3,
         "ours_load_fresh_ms": med_ms(ours_fresh),
@@ -301,6 +368,14 @@ def run(kind: str, n: int, shape: tuple[int, int], root: Path, rounds: int) -> d
     print(f"{kind}: {n} items of {shape[0]}x{shape[1]} bf16 ({nbytes / 1e6:.2f} MB)")
     for k, v in res.items():
         print(f"  {k:20s} {v:10.4f}")
+    print("  median ms by the step just before (warm; count in brackets):")
+    for name in ("ours", "raw", "example"):
+        cells = [
+            f"{b} {med_ms(after[name, b]):.3f} [{len(after[name, b])}]"
+            for b in ["first", *series]
+            if b != name and after[name, b]
+        ]
+        print(f"    {name:8s} after: " + ", ".join(cells))
     return res
 
 
@@ -312,11 +387,24 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=3, help="Loads and raw reads of each item (warm and cold)."
     )
     p.add_argument("--dir", type=Path, default=None, help="Directory on the filesystem to test.")
+    p.add_argument(
+        "--load-threads",
+        type=int,
+        default=None,
+        help="shared_volume.load_threads of our consumer (default: unset, the connector's).",
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ep-bench-", dir=args.dir) as d:
-        small = run("small", args.small, (64, 128), Path(d), args.rounds)
-        large = run("large", args.large, (1300, 3584), Path(d), args.rounds)
+        small = run("small", args.small, (64, 128), Path(d), args.rounds, args.load_threads)
+        large = run("large", args.large, (1300, 3584), Path(d), args.rounds, args.load_threads)
     del small
+    # Back to back (both sides), and the example as session 6 timed it: not the target.
+    print(
+        "NOTE "
+        f"load_ratio_back_to_back={large['example_load_b2b_ms'] / large['ours_load_b2b_ms']:.3f} "
+        f"load_ratio_example_after_saves="
+        f"{large['example_load_alone_ms'] / large['ours_load_ms']:.3f}"
+    )
     print(
         "RESULT "
         f"save_block_ratio={large['ours_save_ms'] / large['example_save_ms']:.4f} "

@@ -83,6 +83,12 @@ def _allocate(capacity: int, pinned: bool) -> torch.Tensor:
     return memory
 
 
+def as_tensor(array: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """The bytes of ``array`` as a tensor of ``dtype`` and ``shape`` with a storage of its
+    own that keeps ``array`` alive (one ``frombuffer``, one ``view``)."""
+    return torch.frombuffer(array, dtype=dtype).view(shape)
+
+
 class LoadBuffers:
     """A pool of host buffers for loads, at most ``limit_bytes`` in slots (lent or free)."""
 
@@ -115,11 +121,18 @@ class LoadBuffers:
         self, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]
     ) -> tuple[torch.Tensor, np.ndarray] | None:
         """``take``, for a load: the tensor already of ``dtype`` and ``shape``, and the
-        same bytes as a flat uint8 array to read into.
+        same bytes as a flat uint8 array to read into."""
+        array = self.lend_array(nbytes)
+        return None if array is None else (as_tensor(array, dtype, shape), array)
+
+    def lend_array(self, nbytes: int) -> np.ndarray | None:
+        """A flat uint8 array of ``nbytes`` over a touched slot, to read into and then
+        hand out with ``as_tensor``; the slot returns when the array, every tensor over
+        it and every view of those are gone.
 
         Few steps, as a load is on the step path right after (or before) a copy that
         leaves the CPU caches cold, where each Python or torch call costs 10-50x its
-        warm figure: a slice, a bare weakref, one ``frombuffer`` and one ``view``.
+        warm figure: a slice and a bare weakref.
         """
         if not self.serves(nbytes):
             return None
@@ -135,8 +148,7 @@ class LoadBuffers:
         array = slot.array[:nbytes]
         ref = weakref.ref(array, self._on_free)
         self._lent[id(ref)] = (ref, slot)
-        tensor = torch.frombuffer(array, dtype=dtype).view(shape)
-        return tensor, array
+        return array
 
     def _on_free(self, ref: weakref.ref[np.ndarray]) -> None:
         """The lent array died (any thread, even inside a garbage collection): its slot is

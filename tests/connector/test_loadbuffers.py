@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from encoderpool_connector.contracts import ConnectorConfig
-from encoderpool_connector.loadbuffers import MIN_POOLED_BYTES, LoadBuffers
+from encoderpool_connector.loadbuffers import MIN_POOLED_BYTES, LoadBuffers, as_tensor
 from encoderpool_connector.shared_volume.entry import (
     Expect,
     Header,
@@ -90,6 +90,28 @@ def test_a_lent_buffer_is_shaped_shares_its_bytes_and_returns_only_when_all_view
     gc.collect()
     assert pool.free_slots == 2
     assert not pool._lent  # no ref is kept for a returned slot
+
+
+def test_a_lent_array_made_a_tensor_later_stays_lent_while_either_lives() -> None:
+    """The load path: ``lend_array`` first (the read fills it), ``as_tensor`` after; the
+    slot comes back only when the array and the tensor over it are both gone."""
+    pool = LoadBuffers(16 * MiB)
+    array = pool.lend_array(3 * MiB)
+    assert array is not None
+    array[:] = 5
+    tensor = as_tensor(array, torch.bfloat16, (1024, 1536))
+    assert tensor.data_ptr() == array.ctypes.data
+    assert bool((tensor.view(torch.uint8) == 5).all())
+    del array
+    gc.collect()
+    assert pool.free_slots == 0  # the tensor's storage keeps the array
+    del tensor
+    gc.collect()
+    assert pool.free_slots == 1
+    unused = pool.lend_array(3 * MiB)  # an array never made a tensor (a failed read)
+    assert unused is not None
+    del unused
+    assert pool.free_slots == 1
 
 
 def test_the_pool_stays_within_its_limit_and_says_when_it_is_exhausted() -> None:

@@ -53,6 +53,13 @@ class SharedVolumeSettings(Frozen):
         "cache holds the item, so size it like that cache; when it is exhausted a load "
         "allocates (slower, counted as load_buffer_fallbacks). 0 turns the pool off.",
     )
+    load_threads: Annotated[int, Field(ge=1, le=8)] | None = Field(
+        default=None,
+        description="Threads that read one large entry (6 MiB or more) at once, each a "
+        "part of it: the worker's own thread plus load_threads - 1 helpers made once per "
+        "worker. Unset: 2 when the worker may run on two CPUs or more, else 1. 1 reads "
+        "with the worker's thread alone.",
+    )
 
     @field_validator("root")
     @classmethod

@@ -21,26 +21,22 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from encoderpool_connector.contracts import ConnectorConfig, dtype_name, payload_bytes
-from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES, LoadBuffers
+from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES, LoadBuffers, as_tensor
 from encoderpool_connector.ranks import Failing, Rank, recompute
-from encoderpool_connector.shared_volume.entry import (
-    EntryError,
-    Header,
-    checksum,
-    entry_name,
-    read_payload,
-)
+from encoderpool_connector.shared_volume.entry import EntryError, Header, checksum, entry_name
 from encoderpool_connector.shared_volume.metadata import (
     LoadSpec,
     SharedVolumeMetadata,
     SharedVolumeWorkerMetadata,
 )
+from encoderpool_connector.shared_volume.split import SplitReader, default_threads
 from encoderpool_connector.shared_volume.stats import EncoderPoolECStats
 from encoderpool_connector.shared_volume.store import SharedStore
 from encoderpool_connector.stats import LockedStats
@@ -196,6 +192,8 @@ class SharedVolumeWorker(OnDevice):
             DEFAULT_LOAD_BUFFER_BYTES if sv.load_buffer_bytes is None else sv.load_buffer_bytes
         )
         self._buffers: LoadBuffers | None = None  # made on the first load (needs the device)
+        self._load_threads = sv.load_threads
+        self._reader: SplitReader | None = None  # made on the first load, on the step's thread
         self._loaded_bytes = 0  # the payload size of the last load, for the step's counters
         self._fallback_logged = False
         self.writer: BackgroundWriter | None = None
@@ -273,22 +271,32 @@ class SharedVolumeWorker(OnDevice):
     def _load(self, spec: LoadSpec) -> torch.Tensor | None:
         """The entry as a tensor on this worker's device; None (logged) on failure.
 
-        The hot path is a handful of calls around one ``preadv``: the scheduler already
-        verified the entry (checksum, mac, header) and hands over its dtype, shape, inode
-        and payload offset, so nothing here parses or hashes.
+        The hot path is a handful of calls around the payload read (one ``preadv``, or
+        parts on two threads for a large payload): the scheduler already verified the
+        entry (checksum, mac, header) and hands over its dtype, shape, inode and payload
+        offset, so nothing here parses or hashes.
         """
         try:
             if self.rank.injected_fault():
                 raise OSError(f"test hook: loads on rank {self.rank.rank} fail")
             nbytes = self._loaded_bytes = payload_bytes(spec.dtype, spec.shape)
             device = self._target_device()
-            tensor, target = self._buffer(nbytes, spec, device)
+            target = self._buffer(nbytes, device)
             # Under the root's fds, never through a link, only the verified inode, and
             # only at the verified size: a directory swapped meanwhile cannot hand this
             # worker other bytes.
             fd = self.store.open_verified(spec.subdir, spec.name, spec.inode, spec.offset + nbytes)
             try:
-                read_payload(fd, target, spec.offset, nbytes)
+                # Large payloads in parts on two threads (or as configured); every part is
+                # done before this returns or raises, so the fd and buffer outlive them.
+                # The tensor is made while the helper may still be reading.
+                tensor = (self._reader or self._split_reader()).read_and(
+                    fd,
+                    target,
+                    spec.offset,
+                    nbytes,
+                    partial(as_tensor, target, TORCH_DTYPES[spec.dtype], spec.shape),
+                )
             finally:
                 os.close(fd)
             if device.type != "cpu":
@@ -308,15 +316,21 @@ class SharedVolumeWorker(OnDevice):
             )
             return None
 
-    def _buffer(
-        self, nbytes: int, spec: LoadSpec, device: torch.device
-    ) -> tuple[torch.Tensor, np.ndarray]:
-        """Host memory for one payload, as the tensor to hand out (``spec``'s dtype and
-        shape) and the flat bytes to read into: a pooled buffer, else a fresh tensor."""
+    def _split_reader(self) -> SplitReader:
+        """Made on the first load, on the thread that loads: the default thread count
+        follows that thread's CPU affinity, which the helpers inherit."""
+        if self._reader is None:
+            threads = self._load_threads or default_threads()
+            self._reader = SplitReader(threads)
+            logger.info("encoderpool: large entries are read with %d thread(s)", threads)
+        return self._reader
+
+    def _buffer(self, nbytes: int, device: torch.device) -> np.ndarray:
+        """Host memory for one payload, the flat bytes to read into (``as_tensor`` makes
+        the tensor over them): a pooled buffer, else fresh memory."""
         if self._buffers is None:
             self._buffers = LoadBuffers(self._buffer_limit, pinned=device.type == "cuda")
-        dtype = TORCH_DTYPES[spec.dtype]
-        lent = self._buffers.lend(nbytes, dtype, spec.shape)
+        lent = self._buffers.lend_array(nbytes)
         if lent is not None:
             return lent
         if self._buffers.serves(nbytes):
@@ -328,8 +342,7 @@ class SharedVolumeWorker(OnDevice):
                     "memory (slower; raise shared_volume.load_buffer_bytes)",
                     self._buffers.limit_bytes,
                 )
-        fresh = torch.empty(nbytes, dtype=torch.uint8)
-        return fresh.view(dtype).view(spec.shape), fresh.numpy()
+        return np.empty(nbytes, dtype=np.uint8)
 
     # ---- outputs ----
 
@@ -354,3 +367,5 @@ class SharedVolumeWorker(OnDevice):
     def shutdown(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self._reader is not None:
+            self._reader.close()
