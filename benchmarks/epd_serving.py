@@ -461,6 +461,7 @@ class Arm:
     name: str
     servers: dict[str, PinnedServer]  # component -> server
     router_args: list[str]
+    policy: list[str] = field(default_factory=list)  # consumer-policy flags, in router_args too
     router: Any = None  # RouterProcess, once started
 
     @property
@@ -661,7 +662,7 @@ def build_arms(args: argparse.Namespace, model: Path, work: Path) -> list[Arm]:
         policy = consumer_policy_flags(
             r, args.consumer_policy, args.consumer_load_bound, args.concurrency
         )
-        arms.append(Arm(name, replicas, ["--consumers", urls, *policy]))
+        arms.append(Arm(name, replicas, ["--consumers", urls, *policy], policy))
     return arms
 
 
@@ -672,10 +673,7 @@ def describe_placement(arms: Sequence[Arm]) -> list[str]:
         for comp, s in arm.servers.items():
             where = s.cpus or s.env.get("CUDA_VISIBLE_DEVICES", "?")
             parts.append(f"{comp} on {'cores' if s.cpus else 'GPUs'} {where}")
-        policy = ""
-        if "--consumer-policy" in arm.router_args:
-            i = arm.router_args.index("--consumer-policy")
-            policy = f"; router {' '.join(arm.router_args[i:])}"
+        policy = f"; router {' '.join(arm.policy)}" if arm.policy else ""
         lines.append(f"  {arm.name}: {'; '.join(parts)}; router and client unpinned{policy}")
     return lines
 

@@ -19,8 +19,10 @@ from benchmarks.epd_serving import (
     Sizes,
     Summary,
     Workload,
+    build_arms,
     capacity_bound,
     consumer_policy_flags,
+    describe_placement,
     parse_args,
     percentile,
     place,
@@ -275,3 +277,15 @@ def test_encoder_heavy_variant_keeps_the_width_and_takes_448px(tmp_path: Path) -
     assert vision["embed_dim"] // vision["num_heads"] == 64
     processor = json.loads((out / "processor_config.json").read_text())
     assert processor["image_processor"]["size"]["longest_edge"] >= 448 * 448
+
+
+def test_placement_lines_name_each_arms_cores_and_consumer_policy(tmp_path: Path) -> None:
+    args = parse_args(["--encoder-width", "64"])
+    arms = build_arms(args, tmp_path / "model", tmp_path)
+    lines = {line.split(":")[0].strip(): line for line in describe_placement(arms)}
+    assert lines["pool-sharedVolume"].endswith("router and client unpinned")  # one consumer
+    assert lines["mono-2x1"].endswith(
+        "router --consumer-policy media-affinity --consumer-load-bound 2"
+    )
+    (mono,) = [a for a in arms if a.name == "mono-2x1"]
+    assert mono.router_args[-len(mono.policy) :] == mono.policy
