@@ -7,9 +7,7 @@ producer, one consumer) answering with vLLM-shaped bodies after a service
 time the request names, and the same request stream goes, phase after phase
 in rotating order, straight to the consumer stub and through two router
 processes: ``--reuse-encoded-s`` (a shared-volume pool as deployed: items seen
-before skip the producer) and one sending every item to the producer. A third,
-``reuse-asyncio``, is the reuse router on Python's own event loop instead of
-uvloop (the router's default): a ``LOOP`` line per scenario compares the two.
+before skip the producer) and one sending every item to the producer.
 
 Load: ``--concurrency`` clients (default 50), each a kept-alive connection
 sending its next request as soon as the previous answer ends (closed loop);
@@ -62,14 +60,7 @@ from e2e.processes import start_group, stop_group
 from e2e.vllm_server import REPO, base_env, free_port
 from tests.router.fixtures import RouterProcess
 
-# Router processes by path, and their flags. "reuse-asyncio" is "reuse" on Python's own
-# event loop (the router's default is uvloop): the loop's cost, side by side in one run.
-ROUTERS = {
-    "reuse": ["--reuse-encoded-s", "600"],
-    "every-item": [],
-    "reuse-asyncio": ["--reuse-encoded-s", "600", "--event-loop", "asyncio"],
-}
-ROUTED = tuple(ROUTERS)
+ROUTED = ("reuse", "every-item")
 PATHS = ("direct", *ROUTED)
 
 
@@ -359,15 +350,14 @@ def report(scenario: str, results: dict[str, Phase], args: argparse.Namespace) -
             else ""
         )
         print(
-            f"{path:>13} excess ms: p50={percentile(xs, 50):7.3f} p90={percentile(xs, 90):7.3f} "
+            f"{path:>12} excess ms: p50={percentile(xs, 50):7.3f} p90={percentile(xs, 90):7.3f} "
             f"p99={percentile(xs, 99):7.3f} mean={statistics.fmean(xs):7.3f} "
             f"({rate:.0f} req/s, params seen {ph.params_seen}/{ph.answers}){cpu}"
         )
     for path in ROUTED:
         xs = results[path].excess_ms
         added = {q: percentile(xs, q) - percentile(direct, q) for q in (50, 90, 99)}
-        ph = results[path]
-        out[path] = {**added, "cpu_ms": ph.router_cpu_s / ph.sent * 1e3 if ph.sent else 0.0}
+        out[path] = added
         print(
             f"{'added ' + path:>18} ms: p50={added[50]:7.3f} p90={added[90]:7.3f} "
             f"p99={added[99]:7.3f}"
@@ -375,8 +365,7 @@ def report(scenario: str, results: dict[str, Phase], args: argparse.Namespace) -
     # What each router must have done: reuse sends nothing (every item seen before),
     # every-item sends params with every request; direct never has any.
     assert results["direct"].params_seen == 0
-    for path in ("reuse", "reuse-asyncio"):
-        assert results[path].params_seen == 0, f"{path}: an item went to a producer again"
+    assert results["reuse"].params_seen == 0, "reuse: an item went to a producer again"
     assert results["every-item"].params_seen == results["every-item"].answers
     return out
 
@@ -415,9 +404,10 @@ def main() -> None:
         consumer.start()
         backends = ["--producers", producer.url, "--consumers", consumer.url]
         backends += ["--log-level", "WARNING"]
-        for mode, flags in ROUTERS.items():
+        flags = {"reuse": ["--reuse-encoded-s", "600"], "every-item": []}
+        for mode in ROUTED:
             routers[mode] = RouterProcess(
-                [*backends, *flags], work / f"router-{mode}.log", cpus=args.router_cpus
+                [*backends, *flags[mode]], work / f"router-{mode}.log", cpus=args.router_cpus
             ).start()
         targets = {"direct": consumer.port, **{m: r.port for m, r in routers.items()}}
         pids = {m: r.proc.pid for m, r in routers.items() if r.proc is not None}
@@ -441,13 +431,6 @@ def main() -> None:
         f"\nrouters on CPU {args.router_cpus}, load generator and stubs on CPU {args.load_cpus}; "
         f"service time {args.per_token_ms} ms/token + {args.per_mb_ms} ms/MB"
     )
-    for scenario, by_path in summary.items():
-        uv, aio = by_path["reuse"], by_path["reuse-asyncio"]
-        print(
-            f"LOOP {scenario}: reuse router CPU ms/request uvloop {uv['cpu_ms']:.3f} "
-            f"asyncio {aio['cpu_ms']:.3f} (ratio {uv['cpu_ms'] / aio['cpu_ms']:.2f}); "
-            f"added p50 {uv[50]:.2f} vs {aio[50]:.2f}, p99 {uv[99]:.2f} vs {aio[99]:.2f}"
-        )
     for label, mode in (("RESULT_EVERY_ITEM", "every-item"), ("RESULT", "reuse")):
         small = summary.get("small", {}).get(mode, {50: float("nan"), 99: float("nan")})
         large = summary.get("large", {}).get(mode, {50: float("nan")})

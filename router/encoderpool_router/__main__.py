@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from collections.abc import Sequence
@@ -10,18 +9,8 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from encoderpool_router.app import Router, build_app, metrics_lifespan
-from encoderpool_router.config import RouterSettings, parse_settings
+from encoderpool_router.config import parse_settings
 from encoderpool_router.heap import keep_freed_memory
-
-
-def new_event_loop(settings: RouterSettings) -> asyncio.AbstractEventLoop:
-    """The loop ``--event-loop`` names. uvloop is a dependency of the router extra (and
-    of vLLM), so it is there wherever the router was installed as packaged."""
-    if settings.event_loop == "uvloop":
-        import uvloop
-
-        return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,12 +31,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"invalid router settings:\n  {e}", file=sys.stderr)
         return 2
     logging.getLogger(__name__).info(
-        "router on %s:%s (metrics on port %s, %s loop); %s; consumer policy %s; "
-        "client auth %s, backend key %s",
+        "router on %s:%s (metrics on port %s); %s; consumer policy %s; client auth %s, "
+        "backend key %s",
         settings.host,
         settings.port,
         settings.metrics_port,
-        settings.event_loop,
         f"EndpointSlices of {settings.producer_service or settings.producer_services_by_modality}"
         f" and {settings.consumer_service}"
         if settings.discovery
@@ -71,7 +59,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler_cancellation=True,  # a client that leaves cancels its upstream requests
         access_log=None,
         print=None,
-        loop=new_event_loop(settings),
     )
     return 0
 

@@ -176,11 +176,6 @@ class RouterSettings(BaseSettings):
         description="Producer requests in flight across all clients; an item that waits past "
         "--producer-timeout-s for a slot is encoded by the consumer instead.",
     )
-    event_loop: Literal["uvloop", "asyncio"] = Field(
-        default="uvloop",
-        description="The event loop: uvloop (libuv; less CPU per request in the loop and "
-        "the socket calls, see docs/benchmarks-router.md) or Python's own asyncio loop.",
-    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         default="INFO", description="Log level of the router's own loggers."
     )

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import uvloop
 
 from e2e.vllm_server import REPO, base_env
-from encoderpool_router.__main__ import new_event_loop
 from encoderpool_router.config import RouterSettings, parse_settings
 
 
@@ -64,8 +61,6 @@ def test_environment_is_read_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> N
         (["--consumers", "http://h:1", "--consumer-retries", "4"], "--consumer-retries"),
         (["--consumers", "http://h:1", "--producer-load-bound", "x"], "--producer-load-bound"),
         (["--consumers", "http://h:1", "--log-level", "LOUD"], "--log-level"),
-        (["--consumers", "http://h:1", "--event-loop", "trio"],
-         "--event-loop (ENCODERPOOL_ROUTER_EVENT_LOOP): Input should be 'uvloop' or 'asyncio'"),
         (["--consumers", "http://h:1", "--metrics-port", "8000"],
          "--metrics-port and --port are both 8000"),
         (["--consumers", "http://h:1", "--backend-api-key", " k "],
@@ -138,18 +133,3 @@ def test_the_router_imports_neither_torch_nor_vllm() -> None:
         timeout=60,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
-
-
-@pytest.mark.parametrize(
-    ("argv", "loop_type"), [([], uvloop.Loop), (["--event-loop", "asyncio"], asyncio.BaseEventLoop)]
-)
-def test_the_router_runs_on_uvloop_unless_told_otherwise(
-    argv: list[str], loop_type: type[asyncio.AbstractEventLoop]
-) -> None:
-    loop = new_event_loop(parse_settings(["--consumers", "http://h:1", *argv]))
-    try:
-        assert isinstance(loop, loop_type)
-        assert not isinstance(loop, uvloop.Loop) or loop_type is uvloop.Loop
-        assert loop.run_until_complete(asyncio.sleep(0, "ran")) == "ran"
-    finally:
-        loop.close()
