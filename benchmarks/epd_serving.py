@@ -476,7 +476,8 @@ class Arm:
         return {c: s.log_text().count(ENCODED_LINE) for c, s in self.servers.items()}
 
     def routed(self) -> dict[str, float]:
-        """The router's item counters: where items were encoded, and producer failures."""
+        """The router's counters: where items were encoded, producer failures, and how
+        each consumer attempt was chosen (media-affinity: how often it spilled over)."""
         r = self.router
         out = {
             kind: r.metric("encoderpool_router_media_items_total", encoded=kind)
@@ -484,6 +485,8 @@ class Arm:
         }
         for kind in ("producer_timeout", "producer_error", "producer_unavailable"):
             out[kind] = r.metric("encoderpool_router_errors_total", kind=kind)
+        for choice in ("least_busy", "affinity", "next_ranked", "over_bound", "no_media"):
+            out[choice] = r.metric("encoderpool_router_consumer_choices_total", choice=choice)
         return out
 
     def cpu(self) -> dict[str, float]:
@@ -973,7 +976,7 @@ async def measure(arms: Sequence[Arm], wls: Sequence[Workload], image_size: int)
             busy["not ours"] = 100 * (host1 - host0) / wall - sum(busy.values())
             cpu[wl.name][arm.name] = busy
             encodes[wl.name][arm.name] = {c: enc1[c] - enc0[c] for c in enc1}
-            if "producer" in arm.servers:  # the router's view of the same items
+            if "producer" in arm.servers or arm.policy:  # the router's view of the same items
                 moved = {k: round(routed1[k] - routed0[k]) for k in routed1}
                 encodes[wl.name][arm.name].update({f"router {k}": v for k, v in moved.items() if v})
             print(f"  {wl.name} on {arm.name}: {len(records)} requests in {wall:.1f} s", flush=True)
