@@ -66,6 +66,7 @@ from typing import Any
 
 from e2e.media import chat_request, encoder_request, image, image_part
 from e2e.vllm_server import VllmServer, base_env, ec_transfer_config, free_port
+from encoderpool_router.policy import CONSUMER_CHOICES
 
 # --- workloads (pure: no engines) ----------------------------------------------------------
 
@@ -485,7 +486,7 @@ class Arm:
         }
         for kind in ("producer_timeout", "producer_error", "producer_unavailable"):
             out[kind] = r.metric("encoderpool_router_errors_total", kind=kind)
-        for choice in ("least_busy", "affinity", "next_ranked", "over_bound", "no_media"):
+        for choice in CONSUMER_CHOICES:
             out[choice] = r.metric("encoderpool_router_consumer_choices_total", choice=choice)
         return out
 
