@@ -978,7 +978,10 @@ async def measure(arms: Sequence[Arm], wls: Sequence[Workload], image_size: int)
             cpu[wl.name][arm.name] = busy
             encodes[wl.name][arm.name] = {c: enc1[c] - enc0[c] for c in enc1}
             if "producer" in arm.servers or arm.policy:  # the router's view of the same items
-                moved = {k: round(routed1[k] - routed0[k]) for k in routed1}
+                # A router without producers counts every item "local" and
+                # "producer_unavailable": of a monolithic arm, only its consumer choices.
+                keys = routed1 if "producer" in arm.servers else CONSUMER_CHOICES
+                moved = {k: round(routed1[k] - routed0[k]) for k in keys}
                 encodes[wl.name][arm.name].update({f"router {k}": v for k, v in moved.items() if v})
             print(f"  {wl.name} on {arm.name}: {len(records)} requests in {wall:.1f} s", flush=True)
         # stable order
