@@ -42,6 +42,18 @@ def reader() -> Iterator[SplitReader]:
     r.close()
 
 
+def fail_reads_in_helper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every part the helper thread reads fails with EIO; the loading thread's parts read."""
+    real = read_payload
+
+    def failing_in_helper(*args: Any) -> None:
+        if is_helper():
+            raise OSError(errno.EIO, "injected I/O error")
+        real(*args)
+
+    monkeypatch.setattr(split, "read_payload", failing_in_helper)
+
+
 def write_file(path: Path, nbytes: int, seed: int = 0, offset: int = OFFSET) -> bytes:
     payload = np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
     path.write_bytes(b"h" * offset + payload)
@@ -133,18 +145,11 @@ def test_an_error_in_the_helper_s_part_fails_the_read_and_the_helper_serves_on(
     nbytes = MIN_SPLIT_BYTES
     path = tmp_path / "entry"
     want = write_file(path, nbytes)
-    real = read_payload
-
-    def failing_in_helper(*args: Any) -> None:
-        if is_helper():
-            raise OSError(errno.EIO, "injected I/O error")
-        real(*args)
-
-    monkeypatch.setattr(split, "read_payload", failing_in_helper)
+    fail_reads_in_helper(monkeypatch)
     with pytest.raises(OSError, match="injected"):
         read_with(reader, path, nbytes)
     helper = reader.helper_threads[0]
-    monkeypatch.setattr(split, "read_payload", real)
+    monkeypatch.undo()  # the helper reads again
     assert read_with(reader, path, nbytes).tobytes() == want
     assert reader.helper_threads == [helper]
     assert helper.is_alive()
@@ -383,14 +388,7 @@ def test_a_helper_s_failure_is_a_failed_load_encoded_instead_and_frees_the_buffe
     shape = (1300, 3584)
     put(store, "a", *shape)
     pins = Pins(store)
-    real = read_payload
-
-    def failing_in_helper(*args: Any) -> None:
-        if is_helper():
-            raise OSError(errno.EIO, "injected I/O error")
-        real(*args)
-
-    monkeypatch.setattr(split, "read_payload", failing_in_helper)
+    fail_reads_in_helper(monkeypatch)
     cache: dict[str, torch.Tensor] = {}
     encoder_inputs: dict[str, list[int]] = {}
     spec = spec_for(pins, "a", shape)
