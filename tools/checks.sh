@@ -10,5 +10,8 @@ cd "${1:-$root}"
 fail=0
 "$V/bin/ruff" check . || { echo "checks: ruff check failed" >&2; fail=1; }
 "$V/bin/ruff" format --check . || { echo "checks: ruff format --check failed (run: ruff format .)" >&2; fail=1; }
+# mypy's cache beside the venv it was made with, not in the checkout: a fresh clone then
+# re-checks only the project's own modules, not torch's and vLLM's (most of a cold run).
+export MYPY_CACHE_DIR=${MYPY_CACHE_DIR:-$(dirname "$(dirname "$V")")/mypy/$(basename "$V")}
 "$V/bin/mypy" || { echo "checks: mypy failed" >&2; fail=1; }
 exit $fail
