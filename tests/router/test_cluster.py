@@ -113,10 +113,13 @@ def test_backends_follow_endpointslice_changes(cluster: LocalCluster, namespace:
                     ) as r:
                         return r.status, await r.json()
 
+                # Producers and consumers are two watches: either may be seen first.
                 await async_wait_until(
                     "c0 only", lambda: router.consumers.urls == [url_of("c0", c0u)]
                 )
-                assert router.producers.urls == [url_of("p0", p0u)]
+                await async_wait_until(
+                    "p0 only", lambda: router.producers.urls == [url_of("p0", p0u)]
+                )
                 status, out = await chat(1)
                 assert (status, out["served_by"]) == (200, "consumer-0")
                 assert list(out["ec_transfer_params_seen"].values()) == [{"by": "producer-0"}]
