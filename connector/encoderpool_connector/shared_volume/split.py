@@ -169,19 +169,18 @@ class SplitReader:
         """``read``, and ``meanwhile()`` on the calling thread once its own part is read,
         while the helpers may still read theirs (the load makes its tensor there, off the
         copy's critical path); returns what ``meanwhile`` returned."""
-        if self.threads == 1 or nbytes < self.min_split_bytes or self._closed:
-            read_payload(fd, out, offset, nbytes)
-            return meanwhile()
-        if not self._busy.acquire(blocking=False):
-            read_payload(fd, out, offset, nbytes)  # another thread's read holds the helpers
-            return meanwhile()
-        try:
-            if self._closed:  # closed while this thread waited for the lock
-                read_payload(fd, out, offset, nbytes)
-                return meanwhile()
-            return self._split(fd, out, offset, nbytes, meanwhile)
-        finally:
-            self._busy.release()
+        if (
+            self.threads > 1
+            and nbytes >= self.min_split_bytes
+            and self._busy.acquire(blocking=False)  # else another read holds the helpers
+        ):
+            try:
+                if not self._closed:  # read under the lock: close() takes it too
+                    return self._split(fd, out, offset, nbytes, meanwhile)
+            finally:
+                self._busy.release()
+        read_payload(fd, out, offset, nbytes)  # small, one thread, busy or closed: alone
+        return meanwhile()
 
     def _split(
         self, fd: int, out: np.ndarray, offset: int, nbytes: int, meanwhile: Callable[[], T]
