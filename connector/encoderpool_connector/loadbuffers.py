@@ -114,16 +114,8 @@ class LoadBuffers:
 
         The slot returns to the pool when the tensor and all its views are freed.
         """
-        lent = self.lend(nbytes, torch.uint8, (nbytes,))
-        return None if lent is None else lent[0]
-
-    def lend(
-        self, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]
-    ) -> tuple[torch.Tensor, np.ndarray] | None:
-        """``take``, for a load: the tensor already of ``dtype`` and ``shape``, and the
-        same bytes as a flat uint8 array to read into."""
         array = self.lend_array(nbytes)
-        return None if array is None else (as_tensor(array, dtype, shape), array)
+        return None if array is None else as_tensor(array, torch.uint8, (nbytes,))
 
     def lend_array(self, nbytes: int) -> np.ndarray | None:
         """A flat uint8 array of ``nbytes`` over a touched slot, to read into and then

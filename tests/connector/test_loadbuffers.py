@@ -65,12 +65,12 @@ def test_nothing_handed_out_is_reused_while_any_view_of_it_lives() -> None:
 
 
 def test_a_lent_buffer_is_shaped_shares_its_bytes_and_returns_only_when_all_views_die() -> None:
-    """``lend`` (the load path): the tensor vLLM keeps and the array the read fills are the
-    same bytes; a slice of the tensor keeps the slot lent; nothing stays behind after."""
+    """The load path: the tensor vLLM keeps and the array the read fills are the same
+    bytes; a slice of the tensor keeps the slot lent; nothing stays behind after."""
     pool = LoadBuffers(16 * MiB)
-    lent = pool.lend(3 * MiB, torch.bfloat16, (1024, 1536))
-    assert lent is not None
-    tensor, array = lent
+    array = pool.lend_array(3 * MiB)
+    assert array is not None
+    tensor = as_tensor(array, torch.bfloat16, (1024, 1536))
     assert tensor.dtype == torch.bfloat16
     assert tensor.shape == (1024, 1536)
     assert array.nbytes == 3 * MiB
@@ -80,7 +80,7 @@ def test_a_lent_buffer_is_shaped_shares_its_bytes_and_returns_only_when_all_view
         torch.tensor(0x3F3F, dtype=torch.int16).view(torch.bfloat16)
     )
     kept = tensor[100:200]
-    del tensor, array, lent
+    del tensor, array
     gc.collect()
     assert pool.free_slots == 0  # the slice still holds the storage
     other = pool.take(3 * MiB)
