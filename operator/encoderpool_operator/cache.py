@@ -5,7 +5,16 @@ watched namespaces: a pool's own children in full (trimmed) under the pool's key
 and under their name, anyone else's as a stub (name and controller uid) under
 its name only, so a pass tells "missing" from "someone else's" without a GET.
 kopf runs no handler before every index is filled from its first list, so a
-pass never mistakes a cold cache for missing children. Objects are kept as
+pass never mistakes a cold cache for missing children.
+
+What counts as a pool's child here is what it claims: our managed-by label, the pool
+label, and a controller ownerReference to an EncoderPool of that name (a pass keeps
+only those whose controller uid is its pool's). Anyone who can write in a namespace
+can claim that, so a claim is bounded: a full entry at most ``MAX_ENTRY_BYTES``
+(trimmed) and ``MAX_CHILDREN_PER_POOL`` per kind under one pool name; past either the
+object is a stub, logged once, and a pass that needs it as its own reads it from the
+API server (bounded by the server's own object size). ConfigMaps are kept only when
+named like a width report, in full only with the report labels. Objects are kept as
 ``Packed``: their resourceVersion and compact JSON, about a fifth of the memory
 of the parsed object (RSS is what limits pools per operator); a pass parses the
 few it reads, in its own thread.
@@ -23,12 +32,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-from collections.abc import Callable, Mapping, Sequence
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from encoderpool_connector.contracts import CONFIGMAP_PREFIX
 from encoderpool_operator import render
-from encoderpool_operator.api import API_VERSION, KIND
+from encoderpool_operator.api import API_VERSION, GROUP, KIND
 
 # (namespace, name) of a pool; (apiVersion, kind, name) of an object in its namespace.
 PoolKey = tuple[str, str]
@@ -41,6 +52,13 @@ BY_NAME = "name"
 BY_POOL = "pool"
 # Kept out of the cache: large, and nothing a pass compares.
 _DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+# Bounds on a claim to be a pool's child (see the module docstring). Our own children
+# are a few KiB and a pool has a handful of each kind; a width report with 1,000 owners
+# is ~50 KiB (its owners are kept as uids only).
+MAX_ENTRY_BYTES = 256 * 1024
+MAX_CHILDREN_PER_POOL = 64
+REPORT_COMPONENT = "width-report"  # the component label of report ConfigMaps (render)
+log = logging.getLogger("encoderpool_operator.cache")
 
 
 class Reader(Protocol):
@@ -58,9 +76,40 @@ class Reader(Protocol):
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
     """The uid of ``obj``'s controller (its ownerReference with controller: true), if any."""
     for ref in obj.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("controller"):
+        if isinstance(ref, Mapping) and ref.get("controller"):
             return str(ref.get("uid", ""))
     return None
+
+
+def claimed_pool(meta: Mapping[str, Any]) -> str | None:
+    """The pool an object claims as its controller: our managed-by label, the pool label,
+    and a controller ownerReference to an EncoderPool of that name; else None.
+
+    Only a claim: the uid is checked by the pass (its pool's), and anyone who may write
+    in the namespace can make one, which is why claims are bounded."""
+    labels = meta.get("labels") or {}
+    pool = labels.get(render.LABEL_POOL)
+    if labels.get(render.LABEL_MANAGED_BY) != render.MANAGED_BY or not pool:
+        return None
+    for ref in meta.get("ownerReferences") or []:
+        if (
+            ref.get("controller")
+            and ref.get("kind") == KIND
+            and str(ref.get("apiVersion", "")).partition("/")[0] == GROUP
+            and ref.get("name") == pool
+        ):
+            return str(pool)
+    return None
+
+
+def _is_report(meta: Mapping[str, Any]) -> bool:
+    """Labelled as a width report the operator writes (``widths.foreign_reason`` checks
+    the rest: the report key and the data's digest)."""
+    labels = meta.get("labels") or {}
+    return (
+        labels.get(render.LABEL_MANAGED_BY) == render.MANAGED_BY
+        and labels.get(render.LABEL_COMPONENT) == REPORT_COMPONENT
+    )
 
 
 def trim(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any]:
@@ -77,7 +126,11 @@ def trim(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any]:
 def stub(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any]:
     """What a pass needs of an object that is not a pool's: that it exists, and whose it is."""
     meta = obj["metadata"]
-    owners = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
+    owners = [
+        {k: r[k] for k in ("apiVersion", "kind", "name", "uid", "controller") if k in r}
+        for r in meta.get("ownerReferences") or []
+        if r.get("controller")
+    ][:1]
     return {
         "apiVersion": api_version,
         "kind": kind,
@@ -97,35 +150,112 @@ class Packed(NamedTuple):
     name: str
     resource_version: str | None
     json: bytes
+    owner: str | None = None  # the controller's uid: a pass lists only its pool's
+    stub: bool = False  # only name and controller kept (``stub``)
 
     def unpack(self) -> dict[str, Any]:
         out: dict[str, Any] = json.loads(self.json)
         return out
 
 
-def pack(obj: Mapping[str, Any]) -> Packed:
+def pack(obj: Mapping[str, Any], is_stub: bool = False) -> Packed:
     raw = json.dumps(obj, separators=(",", ":")).encode()
-    return Packed(obj["metadata"]["name"], resource_version(obj), raw)
+    return Packed(obj["metadata"]["name"], resource_version(obj), raw, controller_uid(obj), is_stub)
+
+
+class OncePerObject:
+    """Log a skipped object once (per uid and reason), remembering a bounded number."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def warn(
+        self,
+        meta: Mapping[str, Any],
+        where: str,
+        why: str,
+        kept: str = "keeping only its name and controller",
+    ) -> None:
+        key = (str(meta.get("uid") or where), why.partition(":")[0])
+        if key in self._seen:
+            self._seen.move_to_end(key)
+            return
+        self._seen[key] = None
+        while len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+        log.warning("cache: %s %s; %s", where, why, kept)
+
+
+SKIPPED = OncePerObject()
+# The entries already in the index under a key (kopf's index), to count a pool's claims.
+Siblings = Callable[[tuple[str, str, str]], Iterable[Packed] | None]
+
+
+def _report_view(obj: dict[str, Any]) -> dict[str, Any]:
+    """A report's owners as uids only: all a pass reads of them (``widths._owner_uids``)."""
+    meta = obj["metadata"]
+    owners = [{"uid": r.get("uid")} for r in meta.get("ownerReferences") or []]
+    return {**obj, "metadata": {**meta, "ownerReferences": owners}}
 
 
 def index_entries(
-    obj: Mapping[str, Any], api_version: str, kind: str
+    obj: Mapping[str, Any], api_version: str, kind: str, siblings: Siblings | None = None
 ) -> dict[tuple[str, str, str], Packed]:
-    """An object's entries in its kind's index (see the module docstring); width report
-    ConfigMaps are kept in full whoever made them."""
-    meta = obj["metadata"]
-    labels = meta.get("labels") or {}
-    namespace, name = meta.get("namespace", ""), meta["name"]
-    ours = labels.get(render.LABEL_MANAGED_BY) == render.MANAGED_BY
-    # A width report is read whoever made it (one may be seeded by hand or by GitOps).
-    report = kind == "ConfigMap" and name.startswith(CONFIGMAP_PREFIX)
-    if not ours and not report:
-        return {(BY_NAME, namespace, name): pack(stub(obj, api_version, kind))}
+    """An object's entries in its kind's index (see the module docstring).
+
+    Never raises: an object it cannot read is left out, logged once."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        SKIPPED.warn({}, f"a {kind}", "has no metadata.name", kept="left out")
+        return {}
+    namespace, name = str(meta.get("namespace") or ""), meta["name"]
+    where = f"{kind} {namespace}/{name}"
+    try:
+        return _entries(obj, meta, api_version, kind, siblings, where)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        SKIPPED.warn(meta, where, f"is malformed ({e!r:.200})", kept="left out")
+        return {}
+
+
+def _entries(
+    obj: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    api_version: str,
+    kind: str,
+    siblings: Siblings | None,
+    where: str,
+) -> dict[tuple[str, str, str], Packed]:
+    namespace, name = str(meta.get("namespace") or ""), meta["name"]
+    by_name = (BY_NAME, namespace, name)
+    if kind == "ConfigMap":
+        if not name.startswith(CONFIGMAP_PREFIX):
+            return {}  # no pass looks up any other ConfigMap
+        if not _is_report(meta):  # a report is read whoever made it, if labelled as one
+            return {by_name: pack(stub(obj, api_version, kind), is_stub=True)}
+        full = pack(_report_view(trim(obj, api_version, kind)))
+        if len(full.json) > MAX_ENTRY_BYTES:
+            SKIPPED.warn(meta, where, f"is {len(full.json)} bytes, over {MAX_ENTRY_BYTES}")
+            return {by_name: pack(stub(obj, api_version, kind), is_stub=True)}
+        return {by_name: full}
+    pool = claimed_pool(meta)
+    if pool is None:
+        return {by_name: pack(stub(obj, api_version, kind), is_stub=True)}
     full = pack(trim(obj, api_version, kind))
-    entries = {(BY_NAME, namespace, name): full}
-    if pool := labels.get(render.LABEL_POOL):
-        entries[(BY_POOL, namespace, pool)] = full
-    return entries
+    by_pool = (BY_POOL, namespace, pool)
+    too_many = False
+    if siblings is not None:
+        others = [p for p in siblings(by_pool) or () if p.name != name]
+        too_many = len(others) >= MAX_CHILDREN_PER_POOL
+    if len(full.json) > MAX_ENTRY_BYTES or too_many:
+        why = (
+            f"is {len(full.json)} bytes, over {MAX_ENTRY_BYTES}"
+            if not too_many
+            else f"is one claim too many: {MAX_CHILDREN_PER_POOL} {kind}s already name pool {pool}"
+        )
+        SKIPPED.warn(meta, where, why)
+        return {by_name: pack(stub(obj, api_version, kind), is_stub=True)}
+    return {by_name: full, by_pool: full}
 
 
 def resource_version(obj: Mapping[str, Any] | None) -> str | None:
@@ -213,10 +343,15 @@ class Cache:
         cached = self._first(self.indexes[(api_version, kind)], (BY_NAME, pool[0], name))
         return self.overlay.view(pool, (api_version, kind, name), cached)
 
-    def list(self, pool: PoolKey, api_version: str, kind: str) -> list[Packed]:
-        """The pool's children of one kind, as this operator last wrote or saw them."""
+    def list(
+        self, pool: PoolKey, api_version: str, kind: str, uid: str | None = None
+    ) -> list[Packed]:
+        """The pool's children of one kind, as this operator last wrote or saw them; with
+        ``uid``, only those it controls (others' claims are never parsed by the pass)."""
         store = self.indexes[(api_version, kind)].get((BY_POOL, pool[0], pool[1])) or ()
-        seen: dict[Ref, Packed | None] = {(api_version, kind, o.name): o for o in store}
+        seen: dict[Ref, Packed | None] = {
+            (api_version, kind, o.name): o for o in store if uid is None or o.owner == uid
+        }
         for ref in self.overlay.pending(pool):
             if ref[:2] == (api_version, kind):
                 seen.setdefault(ref, None)
@@ -260,6 +395,9 @@ class PassView:
             self.loop, lambda: self.cache.get(self.pool_key, api_version, kind, name)
         )
         self.served[(api_version, kind, name)] = got.resource_version if got else None
+        if got is not None and got.stub and self.pool_uid and got.owner == self.pool_uid:
+            # Ours, but over the cache's bounds (or someone's claim with our uid): read it.
+            return self.fallback.get(api_version, kind, namespace, name)
         return got.unpack() if got else None
 
     def list(
@@ -272,7 +410,9 @@ class PassView:
             or pool_term not in label_selector.split(",")
         ):
             return self.fallback.list(api_version, kind, namespace, label_selector)
-        items = call_in_loop(self.loop, lambda: self.cache.list(self.pool_key, api_version, kind))
+        items = call_in_loop(
+            self.loop, lambda: self.cache.list(self.pool_key, api_version, kind, self.pool_uid)
+        )
         out = []
         for packed in items:
             obj = packed.unpack()

@@ -73,8 +73,10 @@ def _resource(api_version: str, kind: str) -> tuple[str, str, str]:
 def _register_cache(api_version: str, kind: str) -> None:
     """One kopf index per cached kind (every object), one mark handler (our children)."""
 
-    def entries(body: kopf.Body, **_: Any) -> dict[tuple[str, str, str], Packed]:
-        return index_entries(dict(body), api_version, kind)
+    def entries(body: kopf.Body, **kwargs: Any) -> dict[tuple[str, str, str], Packed]:
+        index = kwargs.get(_index_id(api_version, kind))  # this kind's, as it is now
+        siblings = None if index is None else lambda key: index.get(key) or ()
+        return index_entries(dict(body), api_version, kind, siblings)
 
     async def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         meta = body.get("metadata", {})
