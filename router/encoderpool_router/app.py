@@ -186,7 +186,13 @@ class Router:
             ):
                 assert service is not None
                 w = EndpointSliceWatcher(
-                    kube, namespace, service, target, self.settings.endpoint_port_name
+                    kube,
+                    namespace,
+                    service,
+                    target,
+                    self.settings.endpoint_port_name,
+                    pool_uid=self.settings.pool_uid,
+                    ignored=self.metrics.slice_ignored,
                 )
                 self.watchers.append(w)
                 tasks.append(asyncio.create_task(w.run(), name=f"watch-{service}"))

@@ -11,6 +11,12 @@ That client is synchronous: each watcher's list+watch runs in a daemon thread
 that hands complete snapshots to the asyncio loop (a queue of one: a newer
 snapshot replaces one not yet applied), so the proxy's loop never blocks on
 the API server.
+
+Anyone who may create EndpointSlices in the namespace can label one with the
+Service's name, so the label only finds candidates: a slice counts only when the
+EndpointSlice controller manages it and it is owned by the Service (its uid, read
+with each list), and, given the pool's uid, the Service only when the pool
+controls it. Other slices are ignored, logged once and counted.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import asyncio
 import logging
 import os
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +38,13 @@ logger = logging.getLogger(__name__)
 
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+SLICE_CONTROLLER = "endpointslice-controller.k8s.io"
+# Why a slice or Service is not used (the label of encoderpool_router_endpointslices_ignored).
+IGNORED_REASONS = ("not_managed", "not_owned", "service_not_owned", "service_unreadable")
+# At most this often a slice owned by another uid of our Service's name makes the
+# watcher read the Service again (it may have been recreated).
+SERVICE_RECHECK_S = 10.0
 
 
 @dataclass(eq=False)
@@ -198,6 +213,50 @@ def slice_urls(obj: dict[str, Any], port_name: str | None, scheme: str = "http")
 Snapshot = dict[str, list[str]]  # EndpointSlice name -> its ready backend URLs
 
 
+def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``obj``'s controller ownerReference (controller: true), if any."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return ref
+    return None
+
+
+def slice_refusal(obj: Mapping[str, Any], service: str, service_uid: str | None) -> str | None:
+    """Why an EndpointSlice labelled with ``service`` is not the Service's own; None if it is.
+
+    Its own: managed by the EndpointSlice controller and controlled by the Service of
+    that name and uid (``service_uid`` None: the Service's uid is unknown, so none is)."""
+    meta = obj.get("metadata") or {}
+    if (meta.get("labels") or {}).get(MANAGED_BY_LABEL) != SLICE_CONTROLLER:
+        return "not_managed"
+    owner = controller_of(obj) or {}
+    if (
+        service_uid is None
+        or owner.get("kind") != "Service"
+        or owner.get("apiVersion") != "v1"
+        or owner.get("name") != service
+        or owner.get("uid") != service_uid
+    ):
+        return "not_owned"
+    return None
+
+
+class _LogOnce:
+    """Remembers what was logged (a bounded number), so each ignored object is logged once."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._seen: OrderedDict[tuple[str, ...], None] = OrderedDict()
+
+    def first(self, *key: str) -> bool:
+        if key in self._seen:
+            return False
+        self._seen[key] = None
+        while len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+        return True
+
+
 class EndpointSliceWatcher:
     """Keeps ``target`` equal to the ready endpoints of one Service's EndpointSlices."""
 
@@ -210,6 +269,8 @@ class EndpointSliceWatcher:
         port_name: str | None = None,
         watch_timeout_s: int = 290,
         max_backoff_s: float = 30.0,
+        pool_uid: str | None = None,
+        ignored: Callable[[str], None] | None = None,
     ) -> None:
         self.client = client
         self.namespace = namespace
@@ -218,6 +279,13 @@ class EndpointSliceWatcher:
         self.port_name = port_name
         self.watch_timeout_s = watch_timeout_s
         self.max_backoff_s = max_backoff_s
+        # Given (the operator passes it): the Service counts only when this pool controls it.
+        self.pool_uid = pool_uid
+        self.ignored = ignored  # called with a reason (IGNORED_REASONS) per ignored object
+        self.service_uid: str | None = None  # the Service's uid, once read and trusted
+        self._service_read_at = float("-inf")
+        self._relist = False
+        self._logged = _LogOnce()
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._watch: Any = None  # the kubernetes Watch in progress, to stop it from outside
@@ -270,7 +338,7 @@ class EndpointSliceWatcher:
                     return
                 self.synced.set()
                 backoff = 0.5
-                while not self._stop.is_set():
+                while not self._stop.is_set() and not self._relist:
                     version = self._watch_once(api, slices, version, hand_over)
             except ApiException as e:
                 if e.status == 410:
@@ -293,7 +361,92 @@ class EndpointSliceWatcher:
         )
         self._stop.wait(backoff)
 
+    def _ignore(self, reason: str, what: str, uid: str, detail: str) -> None:
+        if self.ignored is not None:
+            self.ignored(reason)
+        if self._logged.first(reason, what, uid):
+            logger.warning("%s/%s: ignoring %s: %s", self.namespace, self.service, what, detail)
+
+    def _read_service(self) -> None:
+        """The Service's uid, kept only if it is trusted (see the module docstring).
+
+        Without the pool's uid (a local run, or an operator that does not pass it) the
+        Service is taken as it is; a Service this router may not read then leaves only
+        the slice checks that need no uid: such slices are refused (fail closed)."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        self._service_read_at = time.monotonic()
+        self.service_uid = None
+        where = f"Service {self.namespace}/{self.service}"
+        try:
+            resp = client.CoreV1Api(self.client.api).read_namespaced_service(
+                self.service, self.namespace, _request_timeout=30
+            )
+        except ApiException as e:
+            if e.status == 404:
+                logger.info("%s does not exist (yet); no backends from it", where)
+                return
+            if e.status not in (401, 403):
+                raise
+            self._ignore(
+                "service_unreadable",
+                where,
+                str(e.status),
+                f"the API server refused reading it ({e.status}), so no EndpointSlice can be "
+                "checked against its uid and none is used; grant the router's ServiceAccount "
+                f"get on services {self.service} (the operator's Role for the router does)",
+            )
+            return
+        svc = self.client.api.sanitize_for_serialization(resp)
+        uid = str((svc.get("metadata") or {}).get("uid") or "")
+        owner = controller_of(svc) or {}
+        if self.pool_uid is not None and owner.get("uid") != self.pool_uid:
+            self._ignore(
+                "service_not_owned",
+                where,
+                uid,
+                f"it is not controlled by this router's pool (uid {self.pool_uid}; its "
+                f"controller: {owner.get('kind')} {owner.get('name')} {owner.get('uid')}), "
+                "so none of its EndpointSlices is used: delete or rename it, and the operator "
+                "makes the pool's own",
+            )
+            return
+        self.service_uid = uid or None
+
+    def _accept(self, obj: Mapping[str, Any]) -> bool:
+        """Whether ``obj`` is one of the Service's own slices (else ignored: logged once,
+        counted). A slice of our Service's name but another uid reads the Service again
+        (at most every SERVICE_RECHECK_S): it may have been recreated."""
+        why = slice_refusal(obj, self.service, self.service_uid)
+        if why is None:
+            return True
+        meta = obj.get("metadata") or {}
+        owner = controller_of(obj) or {}
+        if (
+            why == "not_owned"
+            and owner.get("kind") == "Service"
+            and owner.get("name") == self.service
+            and time.monotonic() - self._service_read_at >= SERVICE_RECHECK_S
+        ):
+            self._relist = True
+        if why == "not_managed":
+            detail = (
+                f"its {MANAGED_BY_LABEL} label is "
+                f"{(meta.get('labels') or {}).get(MANAGED_BY_LABEL)!r}, not {SLICE_CONTROLLER!r}"
+            )
+        else:
+            detail = (
+                f"its controller is {owner.get('kind')} {owner.get('name')} uid "
+                f"{owner.get('uid')}, not the Service (uid {self.service_uid})"
+            )
+        what = f"EndpointSlice {meta.get('name')}"
+        self._ignore(why, what, str(meta.get("uid") or meta.get("name")), detail)
+        return False
+
     def _list(self, api: Any) -> tuple[Snapshot, str]:
+        self._read_service()
+        self._relist = False
         resp = api.list_namespaced_endpoint_slice(
             self.namespace,
             label_selector=f"{SERVICE_NAME_LABEL}={self.service}",
@@ -303,6 +456,7 @@ class EndpointSliceWatcher:
         slices = {
             item["metadata"]["name"]: slice_urls(item, self.port_name)
             for item in raw.get("items") or []
+            if self._accept(item)
         }
         return slices, str(raw["metadata"]["resourceVersion"])
 
@@ -325,13 +479,16 @@ class EndpointSliceWatcher:
             kind, obj = event.get("type"), event.get("raw_object") or {}
             meta = obj.get("metadata") or {}
             if kind in ("ADDED", "MODIFIED"):
-                slices[meta["name"]] = slice_urls(obj, self.port_name)
+                if self._accept(obj):
+                    slices[meta["name"]] = slice_urls(obj, self.port_name)
+                else:  # it may have been ours before this change
+                    slices.pop(str(meta.get("name")), None)
             elif kind == "DELETED":
                 slices.pop(str(meta.get("name")), None)
             version = str(meta.get("resourceVersion") or version)
             if kind != "BOOKMARK" and not hand_over(dict(slices)):
                 self._stop.set()
-            if self._stop.is_set():
+            if self._stop.is_set() or self._relist:
                 break
         return version
 

@@ -94,6 +94,12 @@ class RouterSettings(BaseSettings):
         default=None,
         description="Kubeconfig for local runs; in a pod the ServiceAccount is used.",
     )
+    pool_uid: str | None = Field(
+        default=None,
+        description="uid of the EncoderPool (the operator sets it): the watched Services "
+        "count only when that pool controls them. EndpointSlices count only when the "
+        "EndpointSlice controller made them for the Service's uid, either way.",
+    )
     endpoint_port_name: str | None = Field(
         default=None,
         description="EndpointSlice port to use; unset: the slice's only port.",

@@ -7,6 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from encoderpool_router.backends import IGNORED_REASONS
 from encoderpool_router.policy import CONSUMER_CHOICES
 
 # Every error kind the router counts; pre-created so dashboards see zeros, not gaps.
@@ -77,6 +78,15 @@ class RouterMetrics:
             ["choice"],
             registry=r,
         )
+        self.endpointslices_ignored = Counter(
+            "encoderpool_router_endpointslices_ignored",
+            "EndpointSlice events (and Service reads) not used for backends, by reason: "
+            "not_managed (not made by the EndpointSlice controller), not_owned (not owned by "
+            "the Service's uid), service_not_owned (the Service is not the pool's), "
+            "service_unreadable (no get on the Service: nothing can be checked).",
+            ["reason"],
+            registry=r,
+        )
         self.backends = Gauge(
             "encoderpool_router_backends", "Backends known, by role.", ["role"], registry=r
         )
@@ -93,11 +103,17 @@ class RouterMetrics:
             where: self.items.labels(where) for where in ("remote", "local", "reused", "duplicate")
         }
         self.consumer_choice = {c: self.consumer_choices.labels(c) for c in CONSUMER_CHOICES}
+        for reason in IGNORED_REASONS:
+            self.endpointslices_ignored.labels(reason)
         self.producers_in_flight = self.in_flight.labels("producer")
         self.consumers_in_flight = self.in_flight.labels("consumer")
         self.consumer_first_byte = self.consumer_latency.labels("first_byte")
         self.consumer_total = self.consumer_latency.labels("total")
         self._requests: dict[tuple[str, str], Any] = {}
+
+    def slice_ignored(self, reason: str) -> None:
+        """Count an EndpointSlice (or Service) the watchers would not use (any thread)."""
+        self.endpointslices_ignored.labels(reason).inc()
 
     def error(self, kind: str) -> None:
         self._errors[kind].inc()  # KeyError: a kind missing from ERROR_KINDS

@@ -13,19 +13,36 @@ import pytest
 from aiohttp import web
 
 from encoderpool_router.backends import (
+    MANAGED_BY_LABEL,
+    SERVICE_NAME_LABEL,
+    SLICE_CONTROLLER,
     BackendSet,
     EndpointSliceWatcher,
     KubeClient,
     kube_client,
+    slice_refusal,
     slice_urls,
 )
 from tests.router.fixtures import run, serve
 from tests.waiting import async_wait_until
 
+SERVICE_UID, POOL_UID = "svc-uid", "pool-uid"
+
+
+def owner(kind: str, name: str, uid: str, controller: bool = True) -> dict[str, Any]:
+    api = "v1" if kind == "Service" else "encoderpool.io/v1alpha1"
+    return {"apiVersion": api, "kind": kind, "name": name, "uid": uid, "controller": controller}
+
 
 def eps(
-    name: str, addrs: list[tuple[str, bool | None]], port: int = 8000, version: str = "1"
+    name: str,
+    addrs: list[tuple[str, bool | None]],
+    port: int = 8000,
+    version: str = "1",
+    service_uid: str = SERVICE_UID,
+    managed_by: str = SLICE_CONTROLLER,
 ) -> dict[str, Any]:
+    """One slice of Service ``svc``, as the EndpointSlice controller makes them."""
     endpoints = []
     for addr, ready in addrs:
         ep: dict[str, Any] = {"addresses": [addr]}
@@ -33,7 +50,13 @@ def eps(
             ep["conditions"] = {"ready": ready}
         endpoints.append(ep)
     return {
-        "metadata": {"name": name, "resourceVersion": version},
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": version,
+            "labels": {SERVICE_NAME_LABEL: "svc", MANAGED_BY_LABEL: managed_by},
+            "ownerReferences": [owner("Service", "svc", service_uid)],
+        },
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
         "endpoints": endpoints,
@@ -135,11 +158,29 @@ class FakeApi:
         self.lists = 0
         self.watches: list[str] = []
         self.fail_lists = 0
+        # The Service, controlled by the pool; None: 404; an int: that status.
+        self.service: dict[str, Any] | int | None = {
+            "metadata": {
+                "name": "svc",
+                "namespace": "ns",
+                "uid": SERVICE_UID,
+                "ownerReferences": [owner("EncoderPool", "pool", POOL_UID)],
+            }
+        }
+        self.service_reads = 0
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices", self._get)
+        app.router.add_get("/api/v1/namespaces/ns/services/svc", self._service)
         return app
+
+    async def _service(self, request: web.Request) -> web.Response:
+        self.service_reads += 1
+        if self.service is None or isinstance(self.service, int):
+            status = self.service or 404
+            return web.json_response({"kind": "Status", "code": status}, status=status)
+        return web.json_response(self.service)
 
     async def _get(self, request: web.Request) -> web.StreamResponse:
         assert request.query["labelSelector"] == "kubernetes.io/service-name=svc"
@@ -218,6 +259,155 @@ def test_the_watcher_lists_watches_relists_on_410_and_survives_api_errors() -> N
                     "the relist", lambda: target.urls == ["http://127.0.0.9:8000"]
                 )
                 await async_wait_until("a watch from the new list", lambda: api.watches[-1] == "20")
+            finally:
+                task.cancel()
+                await api.events.put(None)
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({}, None),
+        ({"managed_by": "someone-else"}, "not_managed"),
+        ({"managed_by": ""}, "not_managed"),
+        ({"service_uid": "another-uid"}, "not_owned"),
+    ],
+)
+def test_a_slice_counts_only_when_the_controller_made_it_for_the_service_s_uid(
+    change: dict[str, Any], why: str | None
+) -> None:
+    obj = eps("s", [("10.0.0.1", True)], **change)
+    assert slice_refusal(obj, "svc", SERVICE_UID) == why
+
+
+@pytest.mark.parametrize(
+    "owners",
+    [
+        [],
+        [owner("Service", "svc", SERVICE_UID, controller=False)],
+        [owner("Service", "other", SERVICE_UID)],
+        [{**owner("Service", "svc", SERVICE_UID), "apiVersion": "example.com/v1"}],
+        [owner("Deployment", "svc", SERVICE_UID)],
+    ],
+    ids=["none", "not-controller", "other-name", "other-group", "other-kind"],
+)
+def test_a_slice_not_controlled_by_the_service_is_refused(owners: list[Any]) -> None:
+    obj = eps("s", [("10.0.0.1", True)])
+    obj["metadata"]["ownerReferences"] = owners
+    assert slice_refusal(obj, "svc", SERVICE_UID) == "not_owned"
+    # Without the Service's uid nothing is the Service's.
+    assert slice_refusal(eps("s", []), "svc", None) == "not_owned"
+
+
+def test_forged_slices_are_ignored_logged_once_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        api = FakeApi()
+        api.slices["real"] = eps("real", [("10.0.0.1", True)])
+        api.slices["forged"] = eps("forged", [("10.6.6.6", True)], managed_by="me")
+        api.slices["stolen"] = eps("stolen", [("10.6.6.7", True)], service_uid="x")
+        target, seen = BackendSet("consumer"), list[str]()
+        async with serve(api.app()) as url:
+            w = EndpointSliceWatcher(
+                fake_client(url), "ns", "svc", target, pool_uid=POOL_UID, ignored=seen.append
+            )
+            task = asyncio.create_task(w.run())
+            try:
+                await async_wait_until("the list", lambda: target.urls == ["http://10.0.0.1:8000"])
+                await async_wait_until("the watch", lambda: len(api.watches) == 1)
+                assert sorted(seen) == ["not_managed", "not_owned"]
+                # A forgery changes (not logged again); the real slice's label changes: it
+                # stops counting.
+                forged2 = eps("forged", [("10.6.6.8", True)], version="9", managed_by="me")
+                await api.events.put({"type": "MODIFIED", "object": forged2})
+                real2 = eps("real", [("10.0.0.2", True)], version="10", managed_by="x")
+                await api.events.put({"type": "MODIFIED", "object": real2})
+                await async_wait_until("no backends", lambda: len(target) == 0)
+                assert len(seen) == 4
+            finally:
+                task.cancel()
+                await api.events.put(None)
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+        logged = [
+            r.getMessage() for r in caplog.records if "ignoring EndpointSlice" in r.getMessage()
+        ]
+        assert sorted(m.split(":")[1].strip() for m in logged) == [
+            "ignoring EndpointSlice forged",
+            "ignoring EndpointSlice real",
+            "ignoring EndpointSlice stolen",
+        ]  # the forged slice's second event was not logged again
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("service", "reason"),
+    [
+        ("another pool", "service_not_owned"),
+        ("no controller", "service_not_owned"),
+        (403, "service_unreadable"),
+    ],
+)
+def test_slices_of_a_service_the_pool_does_not_control_are_never_used(
+    service: str | int, reason: str
+) -> None:
+    async def scenario() -> None:
+        api = FakeApi()
+        api.slices["a"] = eps("a", [("10.0.0.1", True)])
+        assert isinstance(api.service, dict)
+        if service == "another pool":
+            api.service["metadata"]["ownerReferences"] = [owner("EncoderPool", "p", "other")]
+        elif service == "no controller":
+            api.service["metadata"]["ownerReferences"] = []
+        else:
+            api.service = int(service)
+        target, seen = BackendSet("consumer", ["http://10.9.9.9:1"]), list[str]()
+        async with serve(api.app()) as url:
+            w = EndpointSliceWatcher(
+                fake_client(url), "ns", "svc", target, pool_uid=POOL_UID, ignored=seen.append
+            )
+            task = asyncio.create_task(w.run())
+            try:
+                await async_wait_until("the list", lambda: api.lists == 1)
+                await async_wait_until("emptied", lambda: len(target) == 0)
+                assert seen[0] == reason
+            finally:
+                task.cancel()
+                await api.events.put(None)
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+    run(scenario())
+
+
+def test_a_recreated_service_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("encoderpool_router.backends.SERVICE_RECHECK_S", 0.0)
+
+    async def scenario() -> None:
+        api = FakeApi()
+        api.slices["a"] = eps("a", [("10.0.0.1", True)])
+        target = BackendSet("consumer")
+        async with serve(api.app()) as url:
+            w = EndpointSliceWatcher(fake_client(url), "ns", "svc", target, pool_uid=POOL_UID)
+            task = asyncio.create_task(w.run())
+            try:
+                await async_wait_until("the list", lambda: len(target) == 1)
+                await async_wait_until("the watch", lambda: len(api.watches) == 1)
+                assert isinstance(api.service, dict)
+                api.service["metadata"]["uid"] = "new-uid"  # deleted and made again
+                api.slices = {"b": eps("b", [("10.0.0.2", True)], service_uid="new-uid")}
+                await api.events.put({"type": "ADDED", "object": api.slices["b"]})
+                await async_wait_until(
+                    "the new slice", lambda: target.urls == ["http://10.0.0.2:8000"]
+                )
+                assert api.service_reads == 2
+                assert w.service_uid == "new-uid"
             finally:
                 task.cancel()
                 await api.events.put(None)

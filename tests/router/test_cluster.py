@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -58,8 +59,21 @@ def service(name: str) -> dict[str, Any]:
     }
 
 
-def endpoint_slice(svc: str, host: str, url: str, ready: bool) -> dict[str, Any]:
-    """One backend: its port is the fake's loopback port, its address a test-domain name."""
+def uid_of(kubectl: Callable[..., str], kind: str, name: str) -> str:
+    return kubectl("get", kind, name, "-o", "jsonpath={.metadata.uid}").strip()
+
+
+def endpoint_slice(
+    svc: str, host: str, url: str, ready: bool, service_uid: str | None
+) -> dict[str, Any]:
+    """One backend: its port is the fake's loopback port, its address a test-domain name.
+
+    With ``service_uid``, as the EndpointSlice controller makes them for that Service
+    (the router uses no other); without, a forgery that only carries the labels."""
+    owners = [] if service_uid is None else [
+        {"apiVersion": "v1", "kind": "Service", "name": svc, "uid": service_uid,
+         "controller": True, "blockOwnerDeletion": True}
+    ]  # fmt: skip
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
@@ -67,8 +81,9 @@ def endpoint_slice(svc: str, host: str, url: str, ready: bool) -> dict[str, Any]
             "name": f"{svc}-{host}",
             "labels": {
                 "kubernetes.io/service-name": svc,
-                "endpointslice.kubernetes.io/managed-by": "tests.encoderpool.io",
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
             },
+            "ownerReferences": owners,
         },
         "addressType": "FQDN",
         "ports": [{"name": "http", "port": int(url.rsplit(":", 1)[1]), "protocol": "TCP"}],
@@ -82,6 +97,7 @@ def test_backends_follow_endpointslice_changes(cluster: LocalCluster, namespace:
 
     for name in ("pool-producers", "pool-consumers"):
         kubectl("apply", "-f", "-", obj=service(name))
+    uids = {name: uid_of(kubectl, "service", name) for name in ("pool-producers", "pool-consumers")}
 
     async def scenario() -> None:
         p0, p1 = FakeBackend("producer-0"), FakeBackend("producer-1")
@@ -89,7 +105,7 @@ def test_backends_follow_endpointslice_changes(cluster: LocalCluster, namespace:
         async with fakes(p0, p1, c0, c1) as (p0u, p1u, c0u, c1u):
 
             async def apply(svc: str, host: str, url: str, ready: bool) -> None:
-                obj = endpoint_slice(svc, host, url, ready)
+                obj = endpoint_slice(svc, host, url, ready, uids[svc])
                 await asyncio.to_thread(kubectl, "apply", "-f", "-", obj=obj)
 
             def url_of(host: str, url: str) -> str:
@@ -161,5 +177,71 @@ def test_backends_follow_endpointslice_changes(cluster: LocalCluster, namespace:
                 assert (status, out["served_by"]) == (200, "consumer-0")
         assert len(c0.seen) == 2
         assert len(c1.seen) == 10
+
+    run(scenario(), timeout=120)
+
+
+def test_only_slices_the_pool_s_own_services_own_are_used(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """A forged slice (the Service's label, even the controller's managed-by label, but not
+    owned by the Service) is ignored and counted; a Service the pool does not control gives
+    no backends at all. A ConfigMap stands in for the pool (the router checks the uid)."""
+
+    def kubectl(*args: str, obj: dict[str, Any] | None = None) -> str:
+        return cluster.kubectl(*args, "-n", namespace, input=json.dumps(obj) if obj else None)
+
+    kubectl("create", "configmap", "pool")
+    pool_uid = uid_of(kubectl, "configmap", "pool")
+    controlled = {"apiVersion": "v1", "kind": "ConfigMap", "name": "pool", "uid": pool_uid,
+                  "controller": True}  # fmt: skip
+    for name in ("own-producers", "own-consumers"):
+        svc = service(name)
+        svc["metadata"]["ownerReferences"] = [controlled]
+        kubectl("apply", "-f", "-", obj=svc)
+    kubectl("apply", "-f", "-", obj=service("their-producers"))  # not the pool's
+    uids = {
+        name: uid_of(kubectl, "service", name)
+        for name in ("own-producers", "own-consumers", "their-producers")
+    }
+
+    async def scenario() -> None:
+        c0, evil, p = FakeBackend("consumer-0"), FakeBackend("evil"), FakeBackend("producer")
+        async with fakes(c0, evil, p) as (c0u, evilu, pu):
+
+            async def apply(svc: str, host: str, url: str, owner: str | None) -> None:
+                obj = endpoint_slice(svc, host, url, True, owner)
+                await asyncio.to_thread(kubectl, "apply", "-f", "-", obj=obj)
+
+            await apply("own-consumers", "c0", c0u, uids["own-consumers"])
+            await apply("own-consumers", "evil", evilu, None)  # labels only
+            await apply("own-consumers", "evil2", evilu, uids["their-producers"])  # another's
+            await apply("their-producers", "p", pu, uids["their-producers"])
+            settings = RouterSettings(
+                producer_service="their-producers",
+                consumer_service="own-consumers",
+                namespace=namespace,
+                kubeconfig=str(cluster.kubeconfig),
+                pool_uid=pool_uid,
+            )
+            router = Router(settings, resolver=LoopbackResolver())
+            async with serve(build_app(router)) as url, aiohttp.ClientSession() as s:
+                want = f"http://c0.{DOMAIN}:{c0u.rsplit(':', 1)[1]}"
+                await async_wait_until("c0 only", lambda: router.consumers.urls == [want])
+                await async_wait_until(
+                    "both watches", lambda: all(w.synced.is_set() for w in router.watchers)
+                )
+                assert router.producers.urls == []
+                for i in range(4):
+                    async with s.post(
+                        url + "/v1/chat/completions", json=chat_request(image(i))
+                    ) as r:
+                        out = await r.json()
+                    assert (r.status, out["served_by"]) == (200, "consumer-0")
+                assert not evil.seen
+                assert not p.seen  # the consumer encoded: no producer of a foreign Service
+                ignored = router.metrics.endpointslices_ignored
+                assert ignored.labels("not_owned")._value.get() >= 2
+                assert ignored.labels("service_not_owned")._value.get() >= 1
 
     run(scenario(), timeout=120)

@@ -17,7 +17,13 @@ from e2e.media import MODEL, image, image_part
 from encoderpool_router.app import Router, build_app
 from encoderpool_router.config import RouterSettings
 from tests.router.fixtures import FakeBackend, fakes, run, serve
-from tests.router.test_cluster import DOMAIN, LoopbackResolver, endpoint_slice, service
+from tests.router.test_cluster import (
+    DOMAIN,
+    LoopbackResolver,
+    endpoint_slice,
+    service,
+    uid_of,
+)
 from tests.router.test_producer_groups import sent_parts, video_part
 from tests.waiting import async_wait_until
 
@@ -30,8 +36,10 @@ def test_each_group_s_service_is_followed_and_gets_its_modality(
     def kubectl(*args: str, obj: dict[str, Any] | None = None) -> str:
         return cluster.kubectl(*args, "-n", namespace, input=json.dumps(obj) if obj else None)
 
-    for name in ("pool-producer-images", "pool-producer-video", "pool-consumer"):
+    names = ("pool-producer-images", "pool-producer-video", "pool-consumer")
+    for name in names:
         kubectl("apply", "-f", "-", obj=service(name))
+    uids = {name: uid_of(kubectl, "service", name) for name in names}
     img, vid = image_part(image(1)), video_part(2)
     body = {
         "model": MODEL,
@@ -43,7 +51,7 @@ def test_each_group_s_service_is_followed_and_gets_its_modality(
         async with fakes(pi, pv, c) as (piu, pvu, cu):
 
             async def apply(svc: str, host: str, url: str, ready: bool) -> None:
-                obj = endpoint_slice(svc, host, url, ready)
+                obj = endpoint_slice(svc, host, url, ready, uids[svc])
                 await asyncio.to_thread(kubectl, "apply", "-f", "-", obj=obj)
 
             await apply("pool-producer-images", "pi", piu, True)
