@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from collections.abc import Sequence
 
-from aiohttp import web
-
 from encoderpool_router.app import Router, build_app, metrics_lifespan
 from encoderpool_router.config import parse_settings
 from encoderpool_router.heap import keep_freed_memory
+from encoderpool_router.listener import serve
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,14 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     app = build_app(router)
     app.cleanup_ctx.append(metrics_lifespan(router, settings.host, settings.metrics_port))
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        handler_cancellation=True,  # a client that leaves cancels its upstream requests
-        access_log=None,
-        print=None,
-    )
+    # Cancels a handler whose client left (so its upstream requests end); caps connections.
+    asyncio.run(serve(app, settings.host, settings.port, settings.max_connections))
     return 0
 
 

@@ -43,12 +43,12 @@ from encoderpool_router.backends import (
 )
 from encoderpool_router.body import ClientBody, NotAnObject, parse
 from encoderpool_router.config import RouterSettings
+from encoderpool_router.content import PartRefused, modality, read_media
 from encoderpool_router.media import (
-    MODALITY,
     encoder_request_parts,
-    media_items,
     media_key,
     media_url,
+    mm_kwargs_problem,
     over_limits,
     url_problem,
 )
@@ -61,6 +61,7 @@ from encoderpool_router.policy import (
     choose_consumer_by_media,
     choose_producer,
 )
+from encoderpool_router.shares import Shares, client_of
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +71,12 @@ CHAT_PATH = "/v1/chat/completions"
 # can point a consumer at producer memory or at cache entries of its choosing.
 EC_PARAMS = EC_TRANSFER_PARAMS
 _JSON = "application/json"
-_ABSENT = object()
 # Idle upstream connections are dropped before vLLM drops them (uvicorn's keep-alive,
 # VLLM_HTTP_TIMEOUT_KEEP_ALIVE, is 5 s): reusing one that vLLM is closing at that moment
 # fails the request ("connection reset"), which ejected a healthy producer or retried a
 # consumer without params after every lull of 5-30 s.
 UPSTREAM_KEEPALIVE_S = 4.0
+_TOO_DEEP = "request body is nested too deeply"
 # Open without a client token: what the kubelet's probes call.
 PROBE_PATHS = frozenset({"/health", "/livez"})
 
@@ -108,6 +109,13 @@ def _error(status: int, message: str, kind: str, rid: str) -> web.Response:
     return web.json_response(body, status=status, headers={REQUEST_ID: rid})
 
 
+def _busy(status: int, message: str, rid: str) -> web.Response:
+    """A 429 for a client past its share: retry in a moment."""
+    response = _error(status, f"{message}; retry later", "rate_limit_error", rid)
+    response.headers["Retry-After"] = "1"
+    return response
+
+
 class Router:
     """Backends, policy state, metrics and the HTTP session; one per process."""
 
@@ -138,6 +146,7 @@ class Router:
             sock_read=settings.consumer_read_timeout_s,
         )
         self._producer_slots = asyncio.Semaphore(settings.max_producer_requests)
+        self.shares = Shares(settings.max_requests_per_client, settings.max_items_per_client)
         self.tokens: TokenFile | None = None
         if settings.auth_token_file is not None:
             self.tokens = TokenFile(settings.auth_token_file)
@@ -247,8 +256,14 @@ class Router:
         """Request id, body, remote encoding, forwarding; one status counted per request."""
         rid = request.headers.get(REQUEST_ID) or os.urandom(16).hex()
         code = "500"
+        client = client_of(request, by_token=self.tokens is not None)
+        if not self.shares.admit(client):
+            self.metrics.error("client_requests_limit")
+            self.metrics.request(path, "429")
+            limit = self.settings.max_requests_per_client
+            return _busy(429, f"at most {limit} requests in flight per client", rid)
         try:
-            response = await self._serve(request, path, with_body, rid)
+            response = await self._serve(request, path, with_body, rid, client)
             code = str(response.status)
             return response
         except ClientGone as gone:
@@ -265,10 +280,11 @@ class Router:
             code = str(e.status)
             raise
         finally:
+            self.shares.leave(client)
             self.metrics.request(path, code)
 
     async def _serve(
-        self, request: web.Request, path: str, with_body: bool, rid: str
+        self, request: web.Request, path: str, with_body: bool, rid: str, client: str
     ) -> web.StreamResponse:
         body: ClientBody | None = None
         params: dict[str, Any] = {}
@@ -278,17 +294,25 @@ class Router:
             if isinstance(parsed, web.Response):
                 return parsed
             body = parsed
-            items = media_items(body.data) if path == CHAT_PATH else []
             limits = self.settings
+            if refused := mm_kwargs_problem(body.data, limits.trust_request_mm_kwargs):
+                self.metrics.error("bad_request")
+                return _error(400, refused, "invalid_request_error", rid)
+            items: list[dict[str, Any]] = []
+            if path == CHAT_PATH:
+                try:  # every part as vLLM reads it; media in canonical form, uuids gone
+                    read = read_media(body.data, limits.trust_client_media_ids)
+                except PartRefused as e:
+                    self.metrics.error("bad_request")
+                    return _error(400, str(e), "invalid_request_error", rid)
+                if read.changed:
+                    body.changed()
+                items = read.parts
             if too_many := over_limits(
                 items, limits.max_items_per_request, limits.limit_mm_per_prompt
             ):
                 self.metrics.error("too_many_items")
                 return _error(400, too_many, "invalid_request_error", rid)
-            if not limits.trust_client_media_ids:
-                for part in items:  # an item is what its bytes are, never what a client says
-                    if part.pop("uuid", _ABSENT) is not _ABSENT:
-                        body.changed()
             if refused := await self._refused_media(items):
                 self.metrics.error("media_url_refused")
                 return _error(400, refused, "invalid_request_error", rid)
@@ -297,7 +321,15 @@ class Router:
                 # a client steers its request only through the media it sends.
                 keys = [media_key(part, body.utf8_of) for part in items]
                 affinity = keys[0]
-                params = await self._encode_remotely(body, items, keys, rid)
+                distinct = len(set(keys))
+                if not self.shares.reserve_items(client, distinct):
+                    self.metrics.error("client_items_limit")
+                    limit = self.settings.max_items_per_client
+                    return _busy(429, f"at most {limit} media items in flight per client", rid)
+                try:
+                    params = await self._encode_remotely(body, items, keys, rid)
+                finally:
+                    self.shares.release_items(client, distinct)
         return await self._forward(request, path, body, params, affinity, rid)
 
     async def health(self, request: web.Request) -> web.Response:
@@ -331,22 +363,34 @@ class Router:
         content.set_read_chunk_size(limit)  # as aiohttp's read: no pause/resume per 64 KiB
         chunks: list[bytes] = []
         size = 0
-        while chunk := await content.readany():
-            size += len(chunk)
-            if size > limit:
-                raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
-            chunks.append(chunk)
+        async with asyncio.timeout(self.settings.body_read_timeout_s):  # TimeoutError: 408
+            while chunk := await content.readany():
+                size += len(chunk)
+                if size > limit:
+                    raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+                chunks.append(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _json_body(self, request: web.Request, rid: str) -> ClientBody | web.Response:
         try:
-            return parse(await self._read(request))
+            raw = await self._read(request)
+        except TimeoutError:
+            self.metrics.error("body_timeout")
+            limit = self.settings.body_read_timeout_s
+            response = _error(408, f"request body not received within {limit:g} s", "timeout", rid)
+            response.force_close()  # the rest of a slow body is not worth waiting for
+            return response
+        try:
+            return parse(raw)
         except NotAnObject as e:
             self.metrics.error("bad_request")
             return _error(400, str(e), "invalid_request_error", rid)
         except ValueError as e:  # UnicodeDecodeError included
             self.metrics.error("bad_request")
             return _error(400, f"request body is not JSON: {e}", "invalid_request_error", rid)
+        except RecursionError:  # json's C parser refuses nesting past the recursion limit
+            self.metrics.error("bad_request")
+            return _error(400, _TOO_DEEP, "invalid_request_error", rid)
 
     # --- producers ----------------------------------------------------------------
 
@@ -399,7 +443,7 @@ class Router:
     ) -> tuple[str, dict[str, Any]]:
         """One item on one producer: ("remote", its params); ("local", {}) on any failure
         (the consumer encodes it); ("reused", {}) when a producer encoded it moments ago."""
-        if self.groups.for_modality(MODALITY[str(part["type"])]) is None:
+        if self.groups.for_modality(modality(part)) is None:
             return "local", {}  # no producer group for its modality: the consumer encodes it
         if self.recent is not None and self.recent.fresh(key):
             return "reused", {}
@@ -416,7 +460,7 @@ class Router:
     async def _encode_on_producer(
         self, body: ClientBody, part: dict[str, Any], key: bytes, rid: str
     ) -> tuple[str, dict[str, Any]]:
-        group = self.groups.for_modality(MODALITY[str(part["type"])])
+        group = self.groups.for_modality(modality(part))
         backends = group.backends if group is not None else []
         producer = choose_producer(key, backends, self.settings.producer_load_bound)
         if producer is None:
@@ -523,7 +567,11 @@ class Router:
     ) -> web.StreamResponse:
         """Send to a consumer, retrying a failure on another; relay its answer.
         ``affinity``: the first media item's key (None: no media), for media-affinity."""
-        data = body.upstream_parts(params) if body is not None else None
+        try:
+            data = body.upstream_parts(params) if body is not None else None
+        except RecursionError:  # parsed, but too deep to write again from this stack
+            self.metrics.error("bad_request")
+            return _error(400, _TOO_DEEP, "invalid_request_error", rid)
         tried: list[Backend] = []
         attempts = 1 + self.settings.consumer_retries
         last = ""
@@ -550,7 +598,11 @@ class Router:
                     self._eject(consumer)
                 last = f"{consumer.url}: {e}"
                 logger.warning("request %s: consumer %s failed: %s", rid, consumer.url, e)
-        return _error(502, f"consumers failed; last: {last}", "upstream_error", rid)
+        # The body names no pod address nor upstream text (the log has both, by request id).
+        logger.warning("request %s: no consumer answered; last: %s", rid, last)
+        return _error(
+            502, f"no consumer answered (request id {rid})", "upstream_error", rid
+        )  # fmt: skip
 
     def _choose_consumer(self, affinity: bytes | None, tried: list[Backend]) -> Backend | None:
         """The consumer for this attempt, by ``--consumer-policy``; counted by how."""
@@ -638,7 +690,7 @@ class Router:
                     "consumer_timeout" if isinstance(e, TimeoutError) else "stream_broken"
                 )
                 logger.warning("request %s: consumer stream broke: %r", rid, e)
-                event = {"error": {"message": f"consumer stream broke: {e!r}", "code": 502}}
+                event = {"error": {"message": "the consumer's stream broke", "code": 502}}
                 chunk = f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()
                 await self._write(out, chunk)
                 break

@@ -174,8 +174,35 @@ class RouterSettings(BaseSettings):
         "embedding by it, so one client could have another's request answered with its "
         "media: only for single-tenant pools. Off: uuids are dropped (vLLM hashes content).",
     )
+    trust_request_mm_kwargs: bool = Field(
+        default=False,
+        description="Pass requests' mm_processor_kwargs and media_io_kwargs on (bounded in "
+        "size); the vLLM pods must run with --trust-request-mm-kwargs too. Off: a request "
+        "with either is a 400, as vLLM itself answers it, before any producer is asked.",
+    )
     max_encodes_per_request: Annotated[int, Field(ge=1, le=1024)] = Field(
         default=8, description="Producer requests one client request may have in flight."
+    )
+    max_requests_per_client: Annotated[int, Field(ge=1, le=100000)] = Field(
+        default=64,
+        description="Requests one client may have in flight (a client is its bearer token "
+        "with --auth-token-file, else its address); past it: 429.",
+    )
+    max_items_per_client: Annotated[int, Field(ge=1, le=100000)] = Field(
+        default=64,
+        description="Distinct media items one client may have at the producers at once; a "
+        "request that would pass it is a 429 (never half-encoded). At least "
+        "--max-items-per-request.",
+    )
+    max_connections: Annotated[int, Field(ge=1, le=1000000)] = Field(
+        default=4096,
+        description="Client connections open at once (each carries at most one request at "
+        "a time); one past it is answered 503 and closed before anything is read.",
+    )
+    body_read_timeout_s: Seconds = Field(
+        default=60.0,
+        description="Longest time to receive a request body; a client that sends slower "
+        "gets a 408 and its slot back.",
     )
     max_producer_requests: Annotated[int, Field(ge=1, le=100000)] = Field(
         default=256,
@@ -264,6 +291,12 @@ class RouterSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_source(self) -> RouterSettings:
+        if self.max_items_per_client < self.max_items_per_request:
+            raise ValueError(
+                f"--max-items-per-client ({self.max_items_per_client}) must be at least "
+                f"--max-items-per-request ({self.max_items_per_request}), or no request "
+                "with that many items could ever be served"
+            )
         if self.producers and self.producers_by_modality:
             raise ValueError(
                 "give either --producers (one set for every modality) or "

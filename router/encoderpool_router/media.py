@@ -11,15 +11,8 @@ from urllib.parse import urlsplit
 
 from blake3 import blake3
 
-# Content part types whose items vLLM encodes (as its chat parser names them).
-MEDIA_TYPES = frozenset({"image_url", "audio_url", "input_audio", "video_url"})
-# The modality vLLM's --limit-mm-per-prompt counts each part type under.
-MODALITY = {
-    "image_url": "image",
-    "video_url": "video",
-    "audio_url": "audio",
-    "input_audio": "audio",
-}
+from encoderpool_router.content import modality
+
 # Request fields that change what the encoder emits, so a producer must see them too:
 # the HF processor's arguments, and how media are decoded (a video's frames: num_frames,
 # fps). A producer that decoded otherwise would publish an embedding the consumer
@@ -27,32 +20,55 @@ MODALITY = {
 _ENCODER_FIELDS = ("mm_processor_kwargs", "media_io_kwargs")
 
 
-def media_items(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The media parts of a chat request, in order; malformed messages are vLLM's to reject."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return []
-    return [
-        part
-        for msg in messages
-        if isinstance(msg, dict) and isinstance(msg.get("content"), list)
-        for part in msg["content"]
-        if isinstance(part, dict) and part.get("type") in MEDIA_TYPES
-    ]
+# A trusted request's media kwargs, serialised, at most this long: they are a few knobs
+# (num_frames, fps, max_pixels), and each producer request of the body carries them.
+MM_KWARGS_BYTES = 4096
+
+
+def mm_kwargs_problem(body: dict[str, Any], trusted: bool) -> str | None:
+    """Why a request's ``mm_processor_kwargs`` / ``media_io_kwargs`` are refused (a 400's
+    message), or None.
+
+    They change how much work each item costs (frames decoded, pixels encoded), so vLLM
+    refuses them unless started with ``--trust-request-mm-kwargs``, by the same rule
+    (any non-empty value). Refused here too, before any producer is asked, rather than
+    dropped: a request quietly answered with other frames than asked for would be
+    wrong. Trusted, they pass on, bounded in size.
+    """
+    for name in _ENCODER_FIELDS:
+        value = body.get(name)
+        if not value:
+            continue
+        if not trusted:
+            return (
+                f"{name} is not accepted by this pool: per-request media kwargs change "
+                "the encoder's cost; the pool owner enables them with "
+                "spec.router.trustRequestMmKwargs"
+            )
+        if not isinstance(value, dict):
+            return f"{name} must be an object"
+        try:
+            size = len(json.dumps(value))
+        except RecursionError:
+            return f"{name} is nested too deeply"
+        if size > MM_KWARGS_BYTES:
+            return f"{name} is over {MM_KWARGS_BYTES} bytes serialised"
+    return None
 
 
 def over_limits(items: list[dict[str, Any]], most: int, per_modality: dict[str, int]) -> str | None:
-    """Why ``items`` are too many for one request (a 400's message), or None."""
+    """Why ``items`` (canonical parts, ``content.read_media``'s) are too many for one
+    request (a 400's message), or None."""
     if len(items) > most:
         return f"{len(items)} media items in one request; at most {most} are accepted"
     counts: dict[str, int] = {}
     for part in items:
-        modality = MODALITY[str(part["type"])]
-        counts[modality] = counts.get(modality, 0) + 1
-    for modality, n in sorted(counts.items()):
-        limit = per_modality.get(modality)
+        kind = modality(part)
+        counts[kind] = counts.get(kind, 0) + 1
+    for kind, n in sorted(counts.items()):
+        limit = per_modality.get(kind)
         if limit is not None and n > limit:
-            return f"{n} {modality} items in one request; this model accepts at most {limit}"
+            return f"{n} {kind} items in one request; this model accepts at most {limit}"
     return None
 
 

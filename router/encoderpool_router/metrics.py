@@ -13,7 +13,10 @@ from encoderpool_router.policy import CONSUMER_CHOICES
 # Every error kind the router counts; pre-created so dashboards see zeros, not gaps.
 ERROR_KINDS = (
     "unauthorized",  # no or a wrong client bearer token (--auth-token-file): 401
-    "bad_request",  # the client's body is not a JSON object
+    "bad_request",  # not a JSON object, nested too deeply, a part that cannot be read: 400
+    "body_timeout",  # the body took longer than --body-read-timeout-s to arrive: 408
+    "client_requests_limit",  # a client past --max-requests-per-client: 429
+    "client_items_limit",  # a client past --max-items-per-client: 429
     "too_many_items",  # more media items than --max-items-per-request / --limit-mm-per-prompt
     "media_url_refused",  # a media URL of another scheme, host or a private address: 400
     "producer_saturated",  # no producer slot free within --producer-timeout-s (consumer encodes)

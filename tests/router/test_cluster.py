@@ -19,10 +19,10 @@ import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from e2e.cluster import LocalCluster
-from e2e.media import chat_request, image
+from e2e.media import chat_request, image, image_part
 from encoderpool_router.app import Router, build_app
 from encoderpool_router.config import RouterSettings
-from encoderpool_router.media import media_items, media_key
+from encoderpool_router.media import media_key
 from encoderpool_router.policy import hrw_rank
 from tests.router.fixtures import FakeBackend, fakes, run, serve
 from tests.waiting import async_wait_until
@@ -151,10 +151,9 @@ def test_backends_follow_endpointslice_changes(cluster: LocalCluster, namespace:
                 # Items whose first-ranked producer is each one in turn (rendezvous hashing
                 # decides; which of ten random items land where is chance, so pick them).
                 first = {
-                    i: hrw_rank(media_key(media_items(chat_request(image(i)))[0]),
-                                router.producers.backends)[0].url
+                    i: hrw_rank(media_key(image_part(image(i))), router.producers.backends)[0].url
                     for i in range(2, 40)
-                }  # fmt: skip
+                }
                 picks = [next(i for i, u in first.items() if u == url_of(h, pu))
                          for h, pu in (("p0", p0u), ("p1", p1u))]  # fmt: skip
                 for i in [*picks, *[i for i in range(2, 40) if i not in picks][:8]]:  # ten

@@ -5,9 +5,12 @@ from __future__ import annotations
 import collections
 import hashlib
 
+import pytest
+
 from e2e.media import image, image_part
 from encoderpool_router.backends import Backend, BackendSet
-from encoderpool_router.media import encoder_request, media_items, media_key
+from encoderpool_router.content import PartRefused, read_media
+from encoderpool_router.media import encoder_request, media_key
 from encoderpool_router.policy import (
     RecentlyEncoded,
     choose_consumer,
@@ -113,9 +116,10 @@ def test_media_items_keys_and_encoder_requests() -> None:
             {"role": "user", "content": [{"type": "input_audio", "input_audio": audio}]},
         ],
     }
-    items = media_items(body)
+    items = read_media(body, trust_ids=True).parts
     assert [p["type"] for p in items] == ["image_url", "image_url", "input_audio"]
-    assert media_items({"messages": "nope"}) == []
+    with pytest.raises(PartRefused):
+        read_media({"messages": "nope"}, trust_ids=True)
     assert media_key(a) == media_key(image_part(image(1)))
     assert media_key(a) != media_key(image_part(image(3)))
     assert media_key(b) == media_key(image_part(image(9), uuid="item-b"))  # the uuid names it

@@ -21,12 +21,13 @@ from typing import Any
 
 import pytest
 
-from e2e.media import MODEL, chat_request, image, token_ids
+from e2e.media import MODEL, chat_request, data_url, image, token_ids
 from e2e.vllm_server import post_json
 from tests.router.fixtures import API_KEY, Epd, RouterProcess, encoded_hashes
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.vllm
+CHAT = "/v1/chat/completions"
 
 
 def stream_token_ids(url: str, body: dict[str, Any]) -> tuple[list[int], int]:
@@ -106,6 +107,66 @@ def test_fifty_concurrent_requests_get_correct_answers(epd: Epd) -> None:
     produced, consumed = probe()
     assert len(produced - produced_before) == 10
     assert consumed == consumed_before
+
+
+def typeless(png: bytes, uuid: str) -> dict[str, Any]:
+    """A content part without ``type``, as vLLM's chat parser also accepts it."""
+    return {"image_url": data_url(png), "uuid": uuid}
+
+
+def test_a_typeless_part_with_another_client_s_uuid_is_answered_about_its_own_image(
+    epd: Epd,
+) -> None:
+    """Client A sends image X as a type-less part with uuid U; client B sends image Y
+    with the same U. vLLM keys an item by its uuid, so had the router passed the part
+    on unexamined, B would be answered about X. Each is answered as the monolithic
+    server answers its own image, and the consumer encodes nothing."""
+    x, y = image(600), image(601)
+    want_x = token_ids(epd.mono.chat(chat_request(x)))
+    want_y = token_ids(epd.mono.chat(chat_request(y)))
+    assert want_x != want_y  # else the test could not tell the two apart
+    probe = encoder_runs(epd)
+    _, consumed_before = probe()
+    answers = []
+    for png in (x, y):
+        body = chat_request(png)
+        body["messages"][0]["content"][0] = typeless(png, "shared-by-a-and-b")
+        answers.append(token_ids(post_json(epd.router.url + "/v1/chat/completions", body)))
+    assert answers == [want_x, want_y]
+    assert probe()[1] == consumed_before
+
+
+def test_every_spelling_of_an_image_is_answered_as_the_monolithic_server_answers_it(
+    epd: Epd,
+) -> None:
+    png = image(602)
+    want = token_ids(epd.mono.chat(chat_request(png)))
+    spellings = [
+        {"image_url": data_url(png)},
+        {"type": "input_image", "image_url": data_url(png), "detail": "auto"},
+        {"image_url": {"url": data_url(png)}, "uuid": "anything"},
+    ]
+    for part in spellings:
+        body = chat_request(png)
+        body["messages"][0]["content"][0] = part
+        assert token_ids(post_json(epd.router.url + "/v1/chat/completions", body)) == want, part
+
+
+def test_a_part_the_router_cannot_read_is_a_400_naming_it_and_never_forwarded(epd: Epd) -> None:
+    body = chat_request(image(603))
+    body["messages"][0]["content"].append({"type": "image_embeds", "image_embeds": "AAAA"})
+    before = epd.router.metric("encoderpool_router_requests_total", path=CHAT, code="400")
+    req = urllib.request.Request(
+        epd.router.url + CHAT,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=60)
+    assert refused.value.code == 400
+    assert "messages[0].content[2]" in json.loads(refused.value.read())["error"]["message"]
+    after = epd.router.metric("encoderpool_router_requests_total", path=CHAT, code="400")
+    assert after == before + 1
 
 
 def status_of(
