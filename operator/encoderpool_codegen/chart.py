@@ -184,6 +184,57 @@ def duration_ms(text: str) -> int:
     return sum(int(n) * _DURATION_MS[unit] for n, unit in re.findall(r"([0-9]+)(ms|h|m|s)", text))
 
 
+_PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")
+
+
+def _scrapers() -> list[dict[str, Any]]:
+    # kube-prometheus-stack's Prometheus pods, in any namespace.
+    return [
+        {
+            "namespaceSelector": {},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }
+    ]
+
+
+class MetricsNetworkPolicy(_Values):
+    enabled: bool = Field(
+        default=True,
+        description="Render a NetworkPolicy on the operator pods: the metrics port only from "
+        "scrapers; kopf's health port stays open (the kubelet probes it); nothing else gets "
+        "in. Effective only where the network plugin enforces NetworkPolicy.",
+    )
+    scrapers: list[dict[str, Any]] = Field(
+        default_factory=_scrapers,
+        max_length=16,
+        json_schema_extra={
+            "items": {
+                "type": "object",
+                "minProperties": 1,
+                "additionalProperties": False,
+                "properties": {
+                    "podSelector": {"type": "object"},
+                    "namespaceSelector": {"type": "object"},
+                    "ipBlock": {"type": "object", "required": ["cidr"]},
+                },
+            }
+        },
+        description="Who may scrape /metrics: NetworkPolicy peers (podSelector, "
+        "namespaceSelector, ipBlock). Default: pods labelled app.kubernetes.io/name: prometheus "
+        "in any namespace. Empty: nobody.",
+    )
+
+    @model_validator(mode="after")
+    def _peers(self) -> MetricsNetworkPolicy:
+        for i, peer in enumerate(self.scrapers):
+            if not peer or set(peer) - set(_PEER_KEYS):
+                raise ValueError(
+                    f"metrics.networkPolicy.scrapers[{i}]: give podSelector, namespaceSelector "
+                    f"and/or ipBlock, nothing else (got {sorted(peer)})"
+                )
+        return self
+
+
 class Metrics(_Values):
     enabled: bool = Field(
         default=True,
@@ -199,6 +250,9 @@ class Metrics(_Values):
         json_schema_extra={"not": {"const": HEALTH_PORT}},
         description=f"Container and Service port of /metrics; unprivileged (the pod runs as "
         f"uid 1000), and not {HEALTH_PORT}, kopf's health port.",
+    )
+    network_policy: MetricsNetworkPolicy = Field(
+        default_factory=MetricsNetworkPolicy, alias="networkPolicy"
     )
 
     @model_validator(mode="after")

@@ -176,8 +176,11 @@ class OncePerObject:
         where: str,
         why: str,
         kept: str = "keeping only its name and controller",
+        reason: str = "",
     ) -> None:
-        key = (str(meta.get("uid") or where), why.partition(":")[0])
+        """Log ``why`` unless this object was logged for ``reason`` before (its size, say,
+        changes with every status update: the reason is the kind of bound, not the text)."""
+        key = (str(meta.get("uid") or where), reason or why)
         if key in self._seen:
             self._seen.move_to_end(key)
             return
@@ -214,7 +217,7 @@ def index_entries(
     try:
         return _entries(obj, meta, api_version, kind, siblings, where)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
-        SKIPPED.warn(meta, where, f"is malformed ({e!r:.200})", kept="left out")
+        SKIPPED.warn(meta, where, f"is malformed ({e!r:.200})", kept="left out", reason="bad")
         return {}
 
 
@@ -235,7 +238,8 @@ def _entries(
             return {by_name: pack(stub(obj, api_version, kind), is_stub=True)}
         full = pack(_report_view(trim(obj, api_version, kind)))
         if len(full.json) > MAX_ENTRY_BYTES:
-            SKIPPED.warn(meta, where, f"is {len(full.json)} bytes, over {MAX_ENTRY_BYTES}")
+            why = f"is {len(full.json)} bytes, over {MAX_ENTRY_BYTES}"
+            SKIPPED.warn(meta, where, why, reason="size")
             return {by_name: pack(stub(obj, api_version, kind), is_stub=True)}
         return {by_name: full}
     pool = claimed_pool(meta)
@@ -253,7 +257,7 @@ def _entries(
             if not too_many
             else f"is one claim too many: {MAX_CHILDREN_PER_POOL} {kind}s already name pool {pool}"
         )
-        SKIPPED.warn(meta, where, why)
+        SKIPPED.warn(meta, where, why, reason="count" if too_many else "size")
         return {by_name: pack(stub(obj, api_version, kind), is_stub=True)}
     return {by_name: full, by_pool: full}
 

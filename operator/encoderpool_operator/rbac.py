@@ -182,6 +182,14 @@ PERMISSIONS: tuple[Permission, ...] = (
         "granted to each router's Role (render.router_objects), so held",
         delegated=True,
     ),
+    Permission(
+        "",
+        "services",
+        ("get",),
+        "granted to each router's Role for its pool's own Services (render.router_objects: "
+        "it checks they are the pool's before trusting their EndpointSlices), so held",
+        delegated=True,
+    ),
 )
 
 # Held, never exercised by the operator itself: the RBAC test exempts these (and

@@ -605,6 +605,23 @@ def network_policies(pool: EncoderPool) -> list[dict[str, Any]]:
 
 # -------------------------------------------------------------------- router
 
+# The router container's resources when spec.router.resources gives none (any request
+# or limit given replaces all of these: a default limit below a given request would be
+# refused). Bounded by default so that one pool's router cannot take a node's memory;
+# 2Gi holds a few dozen 64 MiB bodies (--max-body-bytes) in flight; one event loop uses
+# about one core at most.
+ROUTER_RESOURCES = {
+    "requests": {"cpu": "250m", "memory": "256Mi"},
+    "limits": {"cpu": "2", "memory": "2Gi"},
+}
+# The router's Services must be controlled by this pool (RouterSettings.pool_uid).
+ROUTER_POOL_UID_ENV = "ENCODERPOOL_ROUTER_POOL_UID"
+
+
+def router_services(pool: EncoderPool) -> list[str]:
+    """The Services whose EndpointSlices the router follows: each producer one, the consumers'."""
+    return [*(name_of(pool, c) for c, _ in producer_components(pool)), name_of(pool, CONSUMER)]
+
 
 def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]]:
     """Router Deployment, its Service (the pool's endpoint) and least-privilege RBAC."""
@@ -631,7 +648,11 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
             str(ROUTER_METRICS_PORT),
         ],
         # Its key toward producers and consumers; the client's Authorization never passes.
-        "env": [_internal_key(pool, ROUTER_BACKEND_KEY_ENV, VLLM_API_KEY_KEY)],
+        # An env (not a flag) for the pool's uid: a router older than it ignores it.
+        "env": [
+            _internal_key(pool, ROUTER_BACKEND_KEY_ENV, VLLM_API_KEY_KEY),
+            {"name": ROUTER_POOL_UID_ENV, "value": pool.metadata["uid"]},
+        ],
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
@@ -680,8 +701,7 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
                 },
             }
         )
-    if resources := _resources(router.resources):
-        container["resources"] = resources
+    container["resources"] = _resources(router.resources) or copy.deepcopy(ROUTER_RESOURCES)
     if pool.spec.image_pull_policy:
         container["imagePullPolicy"] = pool.spec.image_pull_policy
     pod_spec: dict[str, Any] = {
@@ -699,13 +719,20 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": rbac_meta,
-            # The router only follows its pool's backends.
+            # The router only follows its pool's backends; it reads its Services (only
+            # those) to check they are the pool's and which slices are theirs.
             "rules": [
                 {
                     "apiGroups": ["discovery.k8s.io"],
                     "resources": ["endpointslices"],
                     "verbs": ["get", "list", "watch"],
-                }
+                },
+                {
+                    "apiGroups": [""],
+                    "resources": ["services"],
+                    "verbs": ["get"],
+                    "resourceNames": router_services(pool),
+                },
             ],
         },
         _role_binding(pool, name, ROUTER),

@@ -212,6 +212,10 @@ def test_no_rbac_and_an_existing_service_account() -> None:
             "'/serviceMonitor/labels/release': 'not a value' does not match",
         ),
         (["--set", "podDisruptionBudget.minAvailable=2"], "'minAvailable' not allowed"),
+        (
+            ["--set-json", 'metrics.networkPolicy.scrapers=[{"podSelector":{},"ports":[1]}]'],
+            "additional properties 'ports' not allowed",
+        ),
     ],
 )
 def test_wrong_values_fail_with_a_message(args: list[str], message: str) -> None:
@@ -252,6 +256,37 @@ def test_metrics_service_selects_only_the_operator_pods_on_the_named_port() -> N
     }
     assert selector["app.kubernetes.io/component"] == "operator"
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_only_the_named_scrapers_reach_the_metrics_port() -> None:
+    """On by default: the metrics port from the scrapers' selector only, kopf's health port
+    from anyone (the kubelet), nothing else; configurable, and gone with metrics off."""
+    kinds = by_kind(template())
+    policy, deployment = kinds["NetworkPolicy"], kinds["Deployment"]
+    assert policy["metadata"]["name"] == "ep-encoderpool-operator-metrics"
+    assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"port": "health", "protocol": "TCP"}]},
+        {
+            "from": [
+                {
+                    "namespaceSelector": {},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+            "ports": [{"port": "metrics", "protocol": "TCP"}],
+        },
+    ]
+    mine = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    kinds = by_kind(template("--set-json", f"metrics.networkPolicy.scrapers={json.dumps(mine)}"))
+    assert kinds["NetworkPolicy"]["spec"]["ingress"][1]["from"] == mine
+    kinds = by_kind(template("--set-json", "metrics.networkPolicy.scrapers=[]"))
+    assert kinds["NetworkPolicy"]["spec"]["ingress"] == [
+        {"ports": [{"port": "health", "protocol": "TCP"}]}
+    ]  # nobody scrapes
+    for off in ("metrics.networkPolicy.enabled=false", "metrics.enabled=false"):
+        assert "NetworkPolicy" not in by_kind(template("--set", off))
 
 
 def test_metrics_disabled_turns_the_operators_server_off() -> None:
@@ -351,6 +386,7 @@ def test_the_model_refuses_what_the_schema_refuses() -> None:
         ({"serviceMonitor": {"enabled": True}, "metrics": {"enabled": False}}, "needs metrics"),
         ({"metrics": {"port": 8080}}, "kopf's health port"),
         ({"serviceMonitor": {"labels": {"helm.sh/chart": "x"}}}, "not a label key of its own"),
+        ({"metrics": {"networkPolicy": {"scrapers": [{}]}}}, "give podSelector"),
     ):
         with pytest.raises(ValueError, match=message):
             chart.ChartValues.model_validate(values)

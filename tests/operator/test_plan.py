@@ -551,6 +551,40 @@ def test_a_foreign_object_with_a_child_s_name_is_never_touched(owner: str | None
     assert condition(p, "ConsumersAvailable")[1] == "NotCreated"
 
 
+@pytest.mark.parametrize("router_exists", [False, True])
+def test_no_router_while_a_service_it_would_follow_is_foreign(router_exists: bool) -> None:
+    """The router takes its backends from the Services' EndpointSlices: with one of them
+    someone else's, it is not deployed (an existing one is deleted), and RouterAvailable
+    names the Service."""
+    obj = settled(pool_object())
+    snap = settled_snapshot(obj)
+    svc = ("v1", "Service", "tiny-consumer")
+    router = ("apps/v1", "Deployment", "tiny-router")
+    theirs = copy.deepcopy(dict(snap.live[svc] or {}))
+    theirs["metadata"]["ownerReferences"] = []
+    live = {**snap.live, svc: theirs}
+    owned = {r: o for r, o in snap.owned.items() if r != svc}
+    if not router_exists:
+        live[router] = None
+        owned.pop(router)
+    p = plan(dataclasses.replace(snap, live=live, owned=owned), DEFAULTS, NOW)
+    assert [a for a in writes(p) if getattr(a, "obj", {}).get("kind") == "Deployment"] == []
+    deletes = [a.describe() for a in writes(p) if isinstance(a, Delete)]
+    assert deletes == (
+        ["Deployment/tiny-router (deleted: its Services are not this pool's)"]
+        if router_exists
+        else []
+    )
+    status, reason, message = condition(p, "RouterAvailable")
+    assert (status, reason) == ("False", "ServiceNotOwned")
+    assert "Service ml/tiny-consumer is not controlled by this pool" in message
+    assert condition(p, "ChildrenOwned")[1] == "NameConflict"
+    assert condition(p, "Ready")[0] == "False"
+    # Owned again: the router comes back.
+    p = plan(dataclasses.replace(snap, live={**snap.live, router: None}), DEFAULTS, NOW)
+    assert "Deployment/tiny-router" in [a.describe() for a in writes(p)]
+
+
 def test_a_foreign_job_with_the_width_job_s_name_is_never_applied() -> None:
     obj = pool_object()
     pool = EncoderPool.from_object(obj)

@@ -521,8 +521,12 @@ def test_vllm_pods_and_the_router_get_the_pool_s_internal_keys_by_reference(exam
         assert env["VLLM_API_KEY"] == _internal("vllm-api-key")  # vLLM guards /v1 with it
         assert env["ENCODERPOOL_CHANNEL_KEY"] == _internal("channel-key")
     router = container(objs, "pool-router")
-    # The router holds the same key toward the pods, and nothing else of the Secret.
-    assert _env(router) == {"ENCODERPOOL_ROUTER_BACKEND_API_KEY": _internal("vllm-api-key")}
+    # The router holds the same key toward the pods, and nothing else of the Secret (the
+    # pool's uid is no secret: what its Services' controller must be).
+    assert _env(router) == {
+        "ENCODERPOOL_ROUTER_BACKEND_API_KEY": _internal("vllm-api-key"),
+        "ENCODERPOOL_ROUTER_POOL_UID": "u-1",
+    }
     job_env = _env(_width_job(pool)["spec"]["template"]["spec"]["containers"][0])
     assert not {"VLLM_API_KEY", "ENCODERPOOL_CHANNEL_KEY"} & set(job_env)  # it serves nothing
     assert "pool-internal" not in json.dumps(objs["Service/pool"])
@@ -588,3 +592,46 @@ def test_scrapers_reach_the_router_s_metrics_port_and_clients_only_its_api() -> 
     pool = EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})
     ports = [p for rule in _policies(pool)["pool-router"]["ingress"] for p in rule["ports"]]
     assert ports == [{"protocol": "TCP", "port": render.HTTP_PORT}]
+
+
+def test_the_router_trusts_only_the_pool_s_services_and_may_read_only_those(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The router learns the pool's uid (an env: a router older than it ignores it) and
+    may get exactly the Services it follows, to check they are the pool's and which
+    EndpointSlices are theirs."""
+    from tests.operator.test_producer_groups import grouped  # it imports this module
+
+    for pool, services in (
+        (load("pool-shared-volume.yaml"), ["pool-producer", "pool-consumer"]),
+        (grouped(), ["pool-producer-images", "pool-producer-video", "pool-consumer"]),
+    ):
+        objs = children(pool)
+        assert render.router_services(pool) == services
+        rules = objs["Role/pool-router"]["rules"]
+        assert rules[1] == {
+            "apiGroups": [""],
+            "resources": ["services"],
+            "verbs": ["get"],
+            "resourceNames": services,
+        }
+        c = container(objs, "pool-router")
+        for name, value in _env(c).items():
+            if isinstance(value, str):
+                monkeypatch.setenv(name, value)
+        assert parse_settings(c["args"]).pool_uid == "u-1"  # flags and env, as in the pod
+
+
+def test_the_router_gets_bounded_resources_unless_the_spec_gives_its_own() -> None:
+    """Defaults when spec.router.resources is empty; any request or limit given replaces
+    them all (a default limit below a given request would be refused)."""
+    c = container(children(load("pool-shared-volume.yaml")), "pool-router")
+    assert c["resources"] == render.ROUTER_RESOURCES
+    assert c["resources"]["limits"]["memory"] == "2Gi"
+    assert c["resources"]["requests"] == {"cpu": "250m", "memory": "256Mi"}
+    obj = load("pool-shared-volume.yaml").model_dump(mode="json", by_alias=True, exclude={"status"})
+    for given in ({"requests": {"memory": "4Gi"}}, {"limits": {"cpu": "1", "memory": "1Gi"}}):
+        obj["spec"]["router"] = {**obj["spec"].get("router", {}), "resources": given}
+        c = container(children(EncoderPool.from_object(obj)), "pool-router")
+        assert c["resources"] == given
+    assert render.ROUTER_RESOURCES["limits"]["memory"] == "2Gi"  # the default is not mutated

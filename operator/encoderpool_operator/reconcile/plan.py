@@ -174,6 +174,27 @@ def ownership(snap: Snapshot) -> ConditionUpdate:
     )
 
 
+def foreign_router_services(pool: EncoderPool, foreign: set[Ref]) -> list[str]:
+    """The Services the router would follow (``render.router_services``) that another
+    owner holds: the router would take its backends from their EndpointSlices, so it
+    is not deployed while any is foreign."""
+    if not pool.spec.router.enabled:
+        return []
+    return [n for n in render.router_services(pool) if ("v1", "Service", n) in foreign]
+
+
+def router_blocked(pool: EncoderPool, services: Sequence[str], gen: int | None) -> ConditionUpdate:
+    names = ", ".join(f"Service {pool.namespace}/{n}" for n in services)
+    return ConditionUpdate(
+        type=ROUTER_AVAILABLE,
+        status="False",
+        reason="ServiceNotOwned",
+        message=f"router not deployed: {names} is not controlled by this pool, and the router "
+        "would take its backends from its EndpointSlices; delete or rename it",
+        observed_generation=gen,
+    )
+
+
 def with_internal_secret(pool: EncoderPool, applies: list[Apply]) -> list[Action]:
     """``applies``, with the pool's internal Secret created before the first Deployment.
 
@@ -212,11 +233,15 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
         "router_endpoint": render.router_endpoint(pool),
     }
     report = widths.report
+    blocked = foreign_router_services(pool, foreign)
+    router_ref = ("apps/v1", "Deployment", render.name_of(pool, render.ROUTER))
     if report is not None:
         applies = [
             Apply(child)
             for child in render.workload_objects(pool, report, defaults)
-            if ref_of(child) not in foreign and not is_subset(child, snap.child(ref_of(child)))
+            if ref_of(child) not in foreign
+            and not (blocked and ref_of(child) == router_ref)
+            and not is_subset(child, snap.child(ref_of(child)))
         ]
         actions += with_internal_secret(pool, applies)
         for job in snap.width_jobs:  # their models are not this pool's any more
@@ -230,8 +255,12 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
         )
 
     wanted = set(render.child_refs(pool))
-    for api_version, kind, name in sorted(set(snap.owned) - wanted):
-        actions.append(Delete(api_version, kind, name, "no longer in the spec"))
+    if blocked:
+        wanted.discard(router_ref)
+    for ref in sorted(set(snap.owned) - wanted):
+        blocked_router = bool(blocked) and ref == router_ref
+        why = "its Services are not this pool's" if blocked_router else "no longer in the spec"
+        actions.append(Delete(*ref, why))
 
     roles: Sequence[tuple[str, str, str, int]] = [
         (CONSUMERS_AVAILABLE, "consumers", render.CONSUMER, pool.spec.consumer.replicas),
@@ -255,6 +284,8 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
         dep = snap.deployment(component)
         status_fields[what] = replica_status(dep, desired)
         cond = availability(type_, what, dep, desired, gen)
+        if blocked and component == render.ROUTER:
+            cond = router_blocked(pool, blocked, gen)
         updates.append(_unless_measured(cond, what, report is None, dep is not None))
     # No requeue for a rollout: each Deployment status change is an event that runs the
     # next pass (and the resync timer catches anything missed).
