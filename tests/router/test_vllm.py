@@ -155,7 +155,7 @@ def test_every_spelling_of_an_image_is_answered_as_the_monolithic_server_answers
 def test_a_part_the_router_cannot_read_is_a_400_naming_it_and_never_forwarded(epd: Epd) -> None:
     body = chat_request(image(603))
     body["messages"][0]["content"].append({"type": "image_embeds", "image_embeds": "AAAA"})
-    before = epd.router.metric("encoderpool_router_requests_total", path=CHAT, code="400")
+    before = epd.router.metric("encoderpool_router_requests_total", endpoint=CHAT, code="400")
     req = urllib.request.Request(
         epd.router.url + CHAT,
         data=json.dumps(body).encode(),
@@ -165,7 +165,7 @@ def test_a_part_the_router_cannot_read_is_a_400_naming_it_and_never_forwarded(ep
         urllib.request.urlopen(req, timeout=60)
     assert refused.value.code == 400
     assert "messages[0].content[2]" in json.loads(refused.value.read())["error"]["message"]
-    after = epd.router.metric("encoderpool_router_requests_total", path=CHAT, code="400")
+    after = epd.router.metric("encoderpool_router_requests_total", endpoint=CHAT, code="400")
     assert after == before + 1
 
 
