@@ -46,7 +46,7 @@ from e2e.processes import exit_on_sigterm
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.kube import Kube
-from tests.operator.fixtures import report_for, sample_pool, seed_report
+from tests.operator.fixtures import sample_pool, seed_report
 
 NAMESPACE = "scale"
 RESYNC_SECONDS = 30
@@ -150,7 +150,7 @@ def run(n: int, work: Path) -> dict[str, Any]:
         cluster.kubectl("apply", "--server-side", "-f", str(crd))
         cluster.wait_established("encoderpools.encoderpool.io")
         cluster.kubectl("create", "namespace", NAMESPACE)
-        seed_report(cluster, NAMESPACE, report_for(sample_pool()))
+        seed_report(cluster, NAMESPACE, sample_pool())
         op = OperatorProcess(
             cluster.operator_kubeconfig,
             work / f"operator-{n}.log",

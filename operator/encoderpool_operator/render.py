@@ -19,6 +19,7 @@ from typing import Any
 from encoderpool_connector.api_guard import MIDDLEWARE as API_GUARD
 from encoderpool_connector.contracts import (
     CHANNEL_KEY_ENV,
+    CONFIGMAP_KEY,
     LABEL_FINGERPRINT,
     ConnectorConfig,
     ModelIdentity,
@@ -60,6 +61,11 @@ MANAGED_BY = "encoderpool-operator"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 PRODUCER, CONSUMER, ROUTER, WIDTH_JOB = "producer", "consumer", "router", "width-job"
 MEASURE_CONTAINER = "measure"
+REPORT_COMPONENT = "width-report"
+# On width reports and Jobs: the key reports are named and shared by (``report_key``).
+LABEL_REPORT_KEY = "encoderpool.io/width-report-key"
+# On a report the operator stored: ``report_digest`` of its data (see there).
+ANNOTATION_REPORT_DIGEST = "encoderpool.io/width-report-digest"
 # The per-pool Secret <pool>-internal: made by the operator (random values, see
 # reconcile/act.py), never read by it; pods get its keys by secretKeyRef.
 INTERNAL = "internal"
@@ -145,9 +151,9 @@ def bounded_name(pool_name: str, suffix: str) -> str:
     return f"{head}-{tag}{suffix}"
 
 
-def width_job_name(pool: EncoderPool, fingerprint: str) -> str:
-    """<pool>-width-<fingerprint>, at most 63 characters (``bounded_name``)."""
-    return bounded_name(pool.name, f"-width-{fingerprint[:10]}")
+def width_job_name(pool: EncoderPool, key: str) -> str:
+    """<pool>-width-<report key>, at most 63 characters (``bounded_name``)."""
+    return bounded_name(pool.name, f"-width-{key[:10]}")
 
 
 def group_component(group: ProducerGroup) -> str:
@@ -297,6 +303,42 @@ _RESTRICTED_POD: dict[str, Any] = {
 # ------------------------------------------------------------ vLLM workloads
 
 
+# Pod and container fields a podTemplate may never keep (validation refuses them too).
+_POD_NEVER = (
+    "serviceAccountName", "serviceAccount", "nodeName", "hostNetwork", "hostPID", "hostIPC",
+)  # fmt: skip
+_CONTEXT_NEVER = ("appArmorProfile", "seLinuxOptions", "windowsOptions", "procMount", "sysctls")
+
+
+def restrict(pod_spec: dict[str, Any], vllm_security: Mapping[str, Any]) -> None:
+    """Our restricted fields again, after podTemplate merged over the pod: they win
+    whatever the template says. Validation refuses the overrides first; this holds if
+    one ever slips through, and covers containers the template adds. A pod without a
+    template is left as rendered (so upgrading rolls no pod)."""
+    pod_spec["automountServiceAccountToken"] = False
+    for key in _POD_NEVER:
+        pod_spec.pop(key, None)
+    ctx = pod_spec.setdefault("securityContext", {})
+    for key in (*_CONTEXT_NEVER, "seLinuxChangePolicy"):
+        ctx.pop(key, None)
+    ctx.update(runAsNonRoot=True, seccompProfile=copy.deepcopy(_RESTRICTED_POD["seccompProfile"]))
+    for key in ("runAsUser", "runAsGroup"):
+        if ctx.get(key) == 0:
+            ctx[key] = _RESTRICTED_POD[key]
+    for field in ("containers", "initContainers"):
+        for c in pod_spec.get(field) or []:
+            sc = c.setdefault("securityContext", {})
+            for key in _CONTEXT_NEVER:
+                sc.pop(key, None)
+            if sc.get("privileged") is True:
+                del sc["privileged"]
+            for key in ("runAsUser", "runAsGroup"):
+                if sc.get(key) == 0:
+                    del sc[key]
+            mine = vllm_security if c.get("name") == "vllm" else _RESTRICTED_CONTAINER
+            sc.update(copy.deepcopy(dict(mine)))
+
+
 def ec_transfer_config(pool: EncoderPool, config: ConnectorConfig, role: str) -> str:
     """The ``--ec-transfer-config`` JSON; producer and consumer differ only in ec_role."""
     connector, module = CONNECTOR_MODULES[config.transport]
@@ -336,6 +378,8 @@ def vllm_args(pool: EncoderPool, role: str, config: ConnectorConfig) -> list[str
         ]
     if spec.model.media.allowed_domains:
         args += ["--allowed-media-domains", *spec.model.media.allowed_domains]
+    if spec.router.trust_request_mm_kwargs:  # the router's rule and vLLM's, set together
+        args += ["--trust-request-mm-kwargs"]
     args += ["--ec-transfer-config", ec_transfer_config(pool, config, role)]
     args += list(spec.model.extra_args)
     return args
@@ -476,6 +520,7 @@ def vllm_deployment(
     }
     if role_spec.pod_template:
         template = deep_merge(template, role_spec.pod_template)
+        restrict(template["spec"], security)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -668,6 +713,8 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
     }
     if router.trust_client_media_ids:
         container["args"] += ["--trust-client-media-ids", "true"]
+    if router.trust_request_mm_kwargs:
+        container["args"] += ["--trust-request-mm-kwargs", "true"]
     if router.consumer_policy == "MediaAffinity":  # LeastBusy is the router's own default
         container["args"] += ["--consumer-policy", "media-affinity"]
     media = pool.spec.model.media
@@ -784,31 +831,69 @@ def report_owner_reference(pool: EncoderPool) -> dict[str, Any]:
     return {**owner_reference(pool), "controller": False}
 
 
+def report_key(pool: EncoderPool) -> str:
+    """The key width reports are stored and shared under (16 hex chars): the model
+    fingerprint plus everything else that can change what the width Job measures, its
+    image and arguments (extra args that reach it included), the model's env and files.
+
+    The fingerprint alone stays what cache entries carry: a serving pod computes it
+    from vLLM's config, which knows nothing of the Job. A report is shared by every
+    pool with the same key, so a pool that measures in another image or with other
+    arguments never reads a report measured otherwise (nor is wedged by one).
+    """
+    spec = pool.spec
+    identity = spec.model_identity(spec.image)
+    source = spec.model.source
+    return config_hash(
+        {
+            "fingerprint": identity.fingerprint(),
+            "image": spec.width_job.image or spec.image,
+            "args": measure_args(identity, spec.model.extra_args),
+            "env": [[e.name, e.value] for e in spec.model.env],
+            "source": source.model_dump(mode="json") if source is not None else None,
+        }
+    )
+
+
+def report_digest(key: str, data: Mapping[str, str]) -> str:
+    """What ANNOTATION_REPORT_DIGEST holds: the stored report bound to its key.
+
+    Not a secret (anyone who may write the ConfigMap can compute it): it tells a
+    report this operator stored from one made or edited by hand, which the operator
+    then never uses, patches or adopts.
+    """
+    text = data.get(CONFIGMAP_KEY, "")
+    return hashlib.sha256(f"{key}\n{text}".encode()).hexdigest()[:32]
+
+
 def width_report_configmap(
-    pool: EncoderPool, fingerprint: str, data: dict[str, str] | None = None
+    pool: EncoderPool, key: str, fingerprint: str, data: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """The report's ConfigMap, written by the operator from what the width Job reported.
 
     It is not controlled by one pool: every pool that uses the report adds
-    itself as an owner, and the garbage collector removes it with the last.
+    itself as an owner, and the garbage collector removes it with the last. Its
+    labels and, with data, its digest are how a pass tells it from a foreign one.
     """
     obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": configmap_name(fingerprint),
+            "name": configmap_name(key),
             "namespace": pool.namespace,
             "labels": {
                 "app.kubernetes.io/name": "encoderpool",
-                LABEL_COMPONENT: "width-report",
+                LABEL_COMPONENT: REPORT_COMPONENT,
                 LABEL_MANAGED_BY: MANAGED_BY,
                 LABEL_FINGERPRINT: fingerprint,
+                LABEL_REPORT_KEY: key,
             },
             "ownerReferences": [report_owner_reference(pool)],
         },
     }
     if data is not None:
         obj["data"] = dict(data)
+        obj["metadata"]["annotations"] = {ANNOTATION_REPORT_DIGEST: report_digest(key, data)}
     return obj
 
 
@@ -830,7 +915,7 @@ def measure_args(identity: ModelIdentity, extra_args: tuple[str, ...]) -> list[s
     return args
 
 
-def width_job(pool: EncoderPool, identity: ModelIdentity, fingerprint: str) -> dict[str, Any]:
+def width_job(pool: EncoderPool, identity: ModelIdentity, key: str) -> dict[str, Any]:
     """The Job measuring ``identity``: no API credentials, its report is its termination message.
 
     The kubelet keeps what ``measure`` writes to ``TERMINATION_LOG`` (up to 4096
@@ -839,7 +924,7 @@ def width_job(pool: EncoderPool, identity: ModelIdentity, fingerprint: str) -> d
     """
     spec = pool.spec
     job = spec.width_job
-    name = width_job_name(pool, fingerprint)
+    name = width_job_name(pool, key)
     resources = _resources(job.resources) or _resources(spec.producer.resources)
     model_volumes, model_mounts = _model_volume(pool)
     container: dict[str, Any] = {
@@ -880,7 +965,11 @@ def width_job(pool: EncoderPool, identity: ModelIdentity, fingerprint: str) -> d
     }
     pod_spec.update(_scheduling(spec.producer))  # it runs the encoder, as producers do
     pod_spec.update(_pull_secrets(pool))
-    job_labels = {**labels(pool, WIDTH_JOB), LABEL_FINGERPRINT: fingerprint}
+    job_labels = {
+        **labels(pool, WIDTH_JOB),
+        LABEL_FINGERPRINT: identity.fingerprint(),
+        LABEL_REPORT_KEY: key,
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

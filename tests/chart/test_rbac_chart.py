@@ -301,7 +301,7 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
         wait_until("the standby to take over", lambda: working(standby))
         # 4. A model whose report exists: adopt it, roll, delete the old width Job's objects.
         other = sample_pool(model="/models/other")
-        seed_report(cluster, pool_ns, report_for(other, width=256))
+        seed_report(cluster, pool_ns, other, report_for(other, width=256))
         cluster.kubectl(
             "patch", "encoderpool", "tiny", "-n", pool_ns, "--type=merge",
             "-p", json.dumps({"spec": {"model": {"name": "/models/other"}}}),

@@ -15,7 +15,6 @@ from encoderpool_connector.contracts import (
     TERMINATION_MESSAGE_LIMIT,
     ModelIdentity,
     WidthReport,
-    configmap_name,
 )
 from encoderpool_connector.measure import MeasureError, parse_args, publish
 from tests.connector.fixtures import tiny_fingerprint
@@ -57,7 +56,6 @@ def test_measure_writes_the_report_as_a_termination_message(
     assert text == report.model_dump_json()
     assert len(text.encode()) <= TERMINATION_MESSAGE_LIMIT
     assert WidthReport.from_configmap_data(report.to_configmap_data()) == report
-    assert report.configmap_name == configmap_name(report.fingerprint)
 
 
 def test_a_report_too_large_for_a_termination_message_fails_clearly(tmp_path: Path) -> None:

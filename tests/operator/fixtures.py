@@ -14,7 +14,8 @@ import yaml
 
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
-from encoderpool_connector.contracts import DTYPE_BYTES, WidthReport
+from encoderpool_connector.contracts import DTYPE_BYTES, WidthReport, configmap_name
+from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,13 +79,34 @@ def report_for(pool: dict[str, Any], width: int = 128) -> WidthReport:
     )
 
 
-def seed_report(cluster: LocalCluster, namespace: str, report: WidthReport) -> None:
-    cm = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": report.configmap_name, "namespace": namespace},
-        "data": report.to_configmap_data(),
-    }
+def report_configmap(
+    namespace: str, pool: dict[str, Any], report: WidthReport | None = None
+) -> dict[str, Any]:
+    """The report ConfigMap as the operator stores it for ``pool`` (labels and digest),
+    without owners: what a test seeds in place of a width Job's run."""
+    meta = {"name": pool["metadata"]["name"], "namespace": namespace, "uid": "seeded"}
+    parsed = EncoderPool.from_object({**pool, "metadata": meta})
+    report = report or report_for(pool)
+    key = render.report_key(parsed)
+    cm = render.width_report_configmap(parsed, key, report.fingerprint, report.to_configmap_data())
+    del cm["metadata"]["ownerReferences"]
+    return cm
+
+
+def report_name(pool: dict[str, Any]) -> str:
+    """The name of ``pool``'s report ConfigMap (by its report key)."""
+    parsed = EncoderPool.from_object({**pool, "metadata": {"name": pool["metadata"]["name"]}})
+    return configmap_name(render.report_key(parsed))
+
+
+def seed_report(
+    cluster: LocalCluster,
+    namespace: str,
+    pool: dict[str, Any],
+    report: WidthReport | None = None,
+) -> None:
+    """Store ``report`` (default: ``report_for(pool)``) where the operator keeps ``pool``'s."""
+    cm = report_configmap(namespace, pool, report)
     cluster.kubectl("apply", "-f", "-", input=json.dumps(cm))
 
 

@@ -57,7 +57,7 @@ def test_a_field_removed_from_the_spec_is_removed_from_the_child(
     pool["spec"]["consumer"]["tolerations"] = [{"key": "lm", "operator": "Exists"}]
     pool["spec"]["consumer"]["podTemplate"] = {"spec": {"terminationGracePeriodSeconds": 45}}
     pool["spec"]["model"]["env"] = [{"name": "TEAM", "value": "vision"}]
-    seed_report(cluster, namespace, report_for(pool))
+    seed_report(cluster, namespace, pool)
     apply_pool(cluster, namespace, pool)
     ready_pool(cluster, namespace)
     spec = pod_spec(cluster, namespace, "consumer")
@@ -229,7 +229,7 @@ def test_a_foreign_object_is_never_touched_and_is_named(
     cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(theirs))
     before = get_json(cluster, "service", "tiny-consumer", "-n", namespace)
     pool = sample_pool()
-    seed_report(cluster, namespace, report_for(pool))
+    seed_report(cluster, namespace, pool)
     apply_pool(cluster, namespace, pool)
 
     def conflict() -> dict[str, Any] | None:
@@ -289,7 +289,7 @@ def test_a_finalizer_an_older_operator_left_is_removed(
 ) -> None:
     pool = sample_pool()
     pool["metadata"]["finalizers"] = ["encoderpool.io/finalizer"]  # the old timer's
-    seed_report(cluster, namespace, report_for(pool))
+    seed_report(cluster, namespace, pool)
     apply_pool(cluster, namespace, pool)
     ready_pool(cluster, namespace)
     wait_until(

@@ -17,7 +17,9 @@ from tests.operator.fixtures import (
     WIDTH_JOB_PODS,
     condition,
     get_json,
+    report_configmap,
     report_for,
+    report_name,
     running_width_pods,
     sample_pool,
     seed_report,
@@ -45,7 +47,7 @@ def test_pool_with_measured_widths_becomes_ready(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess
 ) -> None:
     pool = sample_pool()
-    seed_report(cluster, namespace, report_for(pool))
+    seed_report(cluster, namespace, pool)
     apply_pool(cluster, namespace, pool)
     got = ready_pool(cluster, namespace)
     status = got["status"]
@@ -77,7 +79,7 @@ def test_pool_with_measured_widths_becomes_ready(
 def ready_sample_pool(cluster: LocalCluster, namespace: str) -> dict[str, object]:
     """The sample pool, its widths seeded (no width Job), applied and Ready."""
     pool = sample_pool()
-    seed_report(cluster, namespace, report_for(pool))
+    seed_report(cluster, namespace, pool)
     apply_pool(cluster, namespace, pool)
     return ready_pool(cluster, namespace)
 
@@ -194,7 +196,7 @@ def test_a_model_change_measures_first_then_rolls_both_roles(
         ]["containers"][0]["args"]
         assert "/models/tiny-qwen2vl" in args
     changed = sample_pool(model="/models/other")
-    seed_report(cluster, namespace, report_for(changed, width=256))
+    seed_report(cluster, namespace, changed, report_for(changed, width=256))
     # The width Job's pod ends (its report is in place), which wakes the operator.
     pod = wait_until("the width Job's pod", lambda: running_width_pods(cluster, namespace))[0]
     cluster.finish_pod(namespace, pod["metadata"]["name"], 0)
@@ -271,7 +273,7 @@ def test_a_failed_width_job_is_a_condition_and_is_retried(
     retry = wait_until(
         "a second width Job pod", lambda: running_width_pods(cluster, namespace, uid), timeout=60
     )[0]
-    seed_report(cluster, namespace, report_for(pool))
+    seed_report(cluster, namespace, pool)
     cluster.finish_pod(namespace, retry["metadata"]["name"], 0)
     ready_pool(cluster, namespace)
 
@@ -303,12 +305,88 @@ def test_the_width_job_s_termination_message_is_the_report_and_is_checked(
     message = report.to_termination_message()
     cluster.finish_pod(namespace, str(retry["metadata"]["name"]), 0, message)
     got = ready_pool(cluster, namespace)
-    cm = get_json(cluster, "configmap", report.configmap_name, "-n", namespace)
+    cm = get_json(cluster, "configmap", report_name(pool), "-n", namespace)
     assert cm["data"] == report.to_configmap_data()
     (owner,) = cm["metadata"]["ownerReferences"]
     assert (owner["name"], owner["controller"]) == ("tiny", False)
     assert cm["metadata"]["annotations"]["encoderpool.io/width-job-failures"] == "1"
     assert got["status"]["encoderOutputWidths"] == {"image": 128}  # type: ignore[index]
+
+
+def _width_condition(cluster: LocalCluster, namespace: str, pool: str, reason: str) -> Any:
+    def reached() -> dict[str, object] | None:
+        got = get_json(cluster, "encoderpool", pool, "-n", namespace)
+        cond = condition(got, "WidthsMeasured")
+        return cond if cond and cond["reason"] == reason else None
+
+    return wait_until(f"{pool}: WidthsMeasured=False/{reason}", reached)
+
+
+def test_planted_width_reports_wedge_no_pool_and_are_named(
+    cluster: LocalCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """A same-namespace writer plants report ConfigMaps before two pools of theirs exist:
+    one with the operator's labels and a failure count of 10^10 (an exponent that used
+    to cost the pass minutes and gigabytes), one foreign, holding out-of-bounds numbers.
+    Each pool names its ConfigMap in a condition; a bystander with another model turns
+    Ready meanwhile, and the foreign ConfigMap is never patched or adopted."""
+    wedged = sample_pool("wedged", "/models/wedged")
+    wedged["spec"]["widthJob"] = {"backoffLimit": 0, "activeDeadlineSeconds": 600}
+    planted = report_configmap(namespace, wedged)
+    del planted["data"]
+    planted["metadata"]["annotations"] = {"encoderpool.io/width-job-failures": "10000000000"}
+    foreign = sample_pool("foreign", "/models/foreign")
+    huge = json.loads(report_for(foreign).model_dump_json())
+    huge.update(encoder_output_widths={"image": 1 << 30}, bytes_per_token={"image": 1 << 31})
+    squatter = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": report_name(foreign), "namespace": namespace},
+        "data": {"report.json": json.dumps(huge)},
+    }
+    for cm in (planted, squatter):
+        cluster.kubectl("create", "-f", "-", input=json.dumps(cm))
+    before = get_json(cluster, "configmap", report_name(foreign), "-n", namespace)
+    apply_pool(cluster, namespace, wedged)
+    apply_pool(cluster, namespace, foreign)
+
+    pod = wait_until(
+        "the wedged pool's width Job pod", lambda: running_width_pods(cluster, namespace)
+    )
+    (only,) = pod  # the foreign pool runs no Job: it could never store its report
+    cluster.finish_pod(namespace, only["metadata"]["name"], 1)
+    failed = _width_condition(cluster, namespace, "wedged", "WidthJobFailed")
+    assert f"ConfigMap {namespace}/{report_name(wedged)}" in failed["message"]
+    assert "'10000000000' is not a count" in failed["message"]
+    assert re.search(r"retrying in (5[0-9][0-9]|600)s", failed["message"])  # the cap
+
+    bystander = sample_pool("bystander", "/models/bystander")
+    seed_report(cluster, namespace, bystander)
+    apply_pool(cluster, namespace, bystander)
+    ready_pool(cluster, namespace, "bystander")
+
+    refused = _width_condition(cluster, namespace, "foreign", "WidthReportForeign")
+    assert f"ConfigMap {namespace}/{report_name(foreign)}" in refused["message"]
+    assert f"kubectl delete configmap -n {namespace} {report_name(foreign)}" in refused["message"]
+    after = get_json(cluster, "configmap", report_name(foreign), "-n", namespace)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert "ownerReferences" not in after["metadata"]
+    for name in ("wedged", "foreign"):
+        ready = condition(get_json(cluster, "encoderpool", name, "-n", namespace), "Ready")
+        assert ready is not None
+        assert ready["status"] == "False"
+
+    # Deleted, the squatter's name is free: the foreign pool measures and stores its report.
+    cluster.kubectl("delete", "configmap", report_name(foreign), "-n", namespace)
+    retry = wait_until(
+        "the foreign pool's width Job pod",
+        lambda: [
+            p for p in running_width_pods(cluster, namespace) if "foreign" in p["metadata"]["name"]
+        ],
+    )[0]
+    message = report_for(foreign).to_termination_message()
+    cluster.finish_pod(namespace, retry["metadata"]["name"], 0, message)
+    ready_pool(cluster, namespace, "foreign")
 
 
 def test_an_operator_killed_mid_measurement_converges_when_restarted(
@@ -318,7 +396,7 @@ def test_an_operator_killed_mid_measurement_converges_when_restarted(
     apply_pool(cluster, namespace, pool)
     pod = wait_until("the width Job's pod", lambda: running_width_pods(cluster, namespace))[0]
     operator.stop(kill=True)  # mid-measurement: the Job runs on without it
-    seed_report(cluster, namespace, report_for(pool))
+    seed_report(cluster, namespace, pool)
     cluster.finish_pod(namespace, pod["metadata"]["name"], 0)
     operator.start()
     got = ready_pool(cluster, namespace)

@@ -55,11 +55,13 @@ def report_of(obj: dict[str, Any]) -> WidthReport:
 def report_cm(
     report: WidthReport, owners: tuple[str, ...] = (UID,), annotations: dict[str, str] | None = None
 ) -> Any:
+    """A report ConfigMap as the operator stores it; ``snapshot`` names it and adds the
+    labels and digest for its pool (the report key depends on the pool's spec)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": report.configmap_name,
+            "name": None,
             "namespace": "ml",
             "resourceVersion": "41",
             "annotations": annotations or {},
@@ -67,6 +69,20 @@ def report_cm(
         },
         "data": report.to_configmap_data(),
     }
+
+
+def keyed(cm: Any, pool: EncoderPool) -> Any:
+    """``cm`` (from ``report_cm``) named, labelled and digested for ``pool``."""
+    out = copy.deepcopy(cm)
+    key = render.report_key(pool)
+    ours = render.width_report_configmap(pool, key, "0" * 16, out.get("data"))["metadata"]
+    out["metadata"]["name"] = ours["name"]
+    out["metadata"]["labels"] = ours["labels"]
+    out["metadata"]["annotations"] = {
+        **ours.get("annotations", {}),
+        **out["metadata"]["annotations"],
+    }
+    return out
 
 
 def live_children(pool: EncoderPool, report: WidthReport) -> dict[Any, Any]:
@@ -90,12 +106,15 @@ def live_children(pool: EncoderPool, report: WidthReport) -> dict[Any, Any]:
 def snapshot(obj: dict[str, Any], **observed: Any) -> Snapshot:
     pool = EncoderPool.from_object(obj)
     fingerprint = pool.spec.model_identity(pool.spec.image).fingerprint()
+    cm = observed.get("report_cm")
+    if cm is not None and cm["metadata"]["name"] is None:
+        observed["report_cm"] = keyed(cm, pool)
     return Snapshot(pool=pool, fingerprint=fingerprint, **observed)
 
 
 def job(pool: EncoderPool, state: str | None, finished: datetime = NOW) -> dict[str, Any]:
     identity = pool.spec.model_identity(pool.spec.image)
-    out = render.width_job(pool, identity, identity.fingerprint())
+    out = render.width_job(pool, identity, render.report_key(pool))
     out["metadata"].update(uid="job-uid", resourceVersion="9")
     if state is not None:
         out["status"] = {
@@ -267,9 +286,14 @@ def test_a_completed_job_s_termination_message_becomes_the_report_configmap() ->
     create = p.actions[0]
     assert isinstance(create, Create)
     cm = create.obj
-    assert cm["metadata"]["name"] == report.configmap_name
+    key = render.report_key(pool)
+    assert cm["metadata"]["name"] == f"encoderpool-widths-{key}"
     assert WidthReport.from_configmap_data(cm["data"]) == report
     assert cm["metadata"]["labels"]["encoderpool.io/model-fingerprint"] == report.fingerprint
+    assert cm["metadata"]["labels"]["encoderpool.io/width-report-key"] == key
+    assert cm["metadata"]["annotations"] == {
+        "encoderpool.io/width-report-digest": render.report_digest(key, cm["data"])
+    }
     (owner,) = cm["metadata"]["ownerReferences"]
     assert (owner["uid"], owner["controller"]) == (UID, False)
     # The same pass renders the workload with what was measured.
@@ -294,7 +318,13 @@ def test_a_report_for_a_configmap_holding_a_failure_count_is_patched_in() -> Non
     store = plan(snap, DEFAULTS, NOW).actions[0]
     assert isinstance(store, MergePatch)
     assert store.body["data"] == report.to_configmap_data()
-    assert "metadata" not in store.body  # already an owner
+    # Already an owner: only the digest that marks the data as the operator's.
+    key = render.report_key(pool)
+    assert store.body["metadata"] == {
+        "annotations": {
+            "encoderpool.io/width-report-digest": render.report_digest(key, store.body["data"])
+        }
+    }
 
 
 @pytest.mark.parametrize(
@@ -376,7 +406,7 @@ def test_a_second_failure_doubles_the_back_off_and_patches_the_count() -> None:
 
 
 def job_suffix(pool: EncoderPool) -> str:
-    return pool.spec.model_identity(pool.spec.image).fingerprint()[:10]
+    return render.report_key(pool)[:10]
 
 
 def test_width_jobs_of_earlier_models_are_deleted_once_measured() -> None:
@@ -605,7 +635,7 @@ def test_names_fit_at_the_longest_pool_name() -> None:
     report = report_of(obj)
     identity = pool.spec.model_identity(pool.spec.image)
     objects = [*render.workload_objects(pool, report, DEFAULTS)]
-    objects.append(render.width_job(pool, identity, identity.fingerprint()))
+    objects.append(render.width_job(pool, identity, render.report_key(pool)))
     dns_label = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
     for o in objects:
         name = o["metadata"]["name"]

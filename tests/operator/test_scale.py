@@ -19,7 +19,7 @@ from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
-from tests.operator.fixtures import report_for, sample_pool, seed_report
+from tests.operator.fixtures import sample_pool, seed_report
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -49,7 +49,7 @@ def _ready(cluster: LocalCluster, namespace: str) -> int:
 def test_twenty_pools_converge_with_a_write_per_child_and_resync_without_writes(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    seed_report(cluster, namespace, report_for(sample_pool()))
+    seed_report(cluster, namespace, sample_pool())
     pools = [sample_pool(name=f"pool-{i:02d}") for i in range(POOLS)]
     before = len(cluster.audit_events(namespace=namespace))
     items = {"apiVersion": "v1", "kind": "List", "items": pools}

@@ -3,9 +3,14 @@
 The Job (``measure``, in the vLLM image) writes the report as compact JSON to
 its termination message; the operator reads it from the Job's pod and stores
 it in a ConfigMap. Writer and reader share this module, so the payload cannot
-drift, and the Job needs no Kubernetes credentials. Reports are keyed by a
-fingerprint of everything that can change the encoder's output, so pools that
-serve the same model the same way share one report.
+drift, and the Job needs no Kubernetes credentials. The report carries the
+model's fingerprint (what cache entries carry too); the operator names and
+shares the ConfigMap by a wider *report key* (the fingerprint plus the width
+Job's image and arguments, see ``render.report_key``), so pools that measure
+the same model the same way share one report.
+
+Every number is bounded: a report is read from a ConfigMap that anyone who may
+write ConfigMaps in the namespace can write, so its values are input, not truth.
 """
 
 from __future__ import annotations
@@ -13,10 +18,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from encoderpool_connector.contracts.base import Frozen
-from encoderpool_connector.contracts.dtypes import Dtype
+from encoderpool_connector.contracts.dtypes import DTYPE_BYTES, Dtype
 from encoderpool_connector.contracts.identity import ModelIdentity
 
 CONFIGMAP_PREFIX = "encoderpool-widths-"
@@ -27,6 +32,14 @@ COMPONENT = "width-report"
 # The kubelet keeps at most this many bytes of a container's termination message:
 # the width Job's report must fit (the operator reads it from the Job's pod).
 TERMINATION_MESSAGE_LIMIT = 4096
+# Bounds of a report's numbers, far above any model served today and far below what
+# would make a consumer allocate without limit (a slot is tokens x bytes per token).
+MAX_WIDTH = 1 << 16  # an encoder output token's width (and the LM's hidden size)
+MAX_BYTES_PER_TOKEN = MAX_WIDTH * max(DTYPE_BYTES.values())
+MAX_TOKENS_PER_ITEM = 1 << 24  # above the longest context vLLM serves
+MAX_MODALITIES = 8  # as spec.model.limitMmPerPrompt and the pool's status
+MODALITY_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+Modality = Annotated[str, Field(pattern=MODALITY_PATTERN)]
 
 
 class WidthReport(Frozen):
@@ -35,18 +48,37 @@ class WidthReport(Frozen):
     version: Literal[1] = 1
     fingerprint: str = Field(pattern=r"^[0-9a-f]{16}$")
     identity: ModelIdentity
-    encoder_output_widths: dict[str, Annotated[int, Field(ge=1)]] = Field(
-        description="Width of one encoder output token, per modality."
+    encoder_output_widths: dict[Modality, Annotated[int, Field(ge=1, le=MAX_WIDTH)]] = Field(
+        max_length=MAX_MODALITIES, description="Width of one encoder output token, per modality."
     )
-    hidden_size: Annotated[int, Field(ge=1)] = Field(description="The LM's hidden size.")
+    hidden_size: Annotated[int, Field(ge=1, le=MAX_WIDTH)] = Field(
+        description="The LM's hidden size."
+    )
     dtype: Dtype
-    bytes_per_token: dict[str, Annotated[int, Field(ge=1)]] = Field(
-        description="width x bytes per element, per modality."
+    bytes_per_token: dict[Modality, Annotated[int, Field(ge=1, le=MAX_BYTES_PER_TOKEN)]] = Field(
+        max_length=MAX_MODALITIES, description="width x bytes per element, per modality."
     )
-    max_tokens_per_item: dict[str, Annotated[int, Field(ge=0)]] = Field(
-        description="Most encoder tokens one item can produce, per modality."
+    max_tokens_per_item: dict[Modality, Annotated[int, Field(ge=0, le=MAX_TOKENS_PER_ITEM)]] = (
+        Field(
+            max_length=MAX_MODALITIES,
+            description="Most encoder tokens one item can produce, per modality.",
+        )
     )
     measured_at: datetime
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WidthReport:
+        """bytes_per_token is derived (width x bytes of dtype): a report that disagrees
+        with itself was not measured, and consumers size buffers from it."""
+        elem = DTYPE_BYTES[self.dtype]
+        for modality, size in self.bytes_per_token.items():
+            width = self.encoder_output_widths.get(modality)
+            if width is None or size != width * elem:
+                raise ValueError(
+                    f"bytes_per_token.{modality} is {size}, not encoder_output_widths.{modality} "
+                    f"({width}) x {elem} bytes of {self.dtype}"
+                )
+        return self
 
     def to_termination_message(self) -> str:
         """Compact JSON; ValueError when it exceeds what the kubelet keeps of a message."""
@@ -65,10 +97,6 @@ class WidthReport(Frozen):
         """Parse what the width Job wrote; pydantic's ValidationError names what is wrong."""
         return cls.model_validate_json(text)
 
-    @property
-    def configmap_name(self) -> str:
-        return configmap_name(self.fingerprint)
-
     def to_configmap_data(self) -> dict[str, str]:
         return {CONFIGMAP_KEY: self.model_dump_json(indent=1)}
 
@@ -80,5 +108,6 @@ class WidthReport(Frozen):
         return cls.model_validate_json(data[CONFIGMAP_KEY])
 
 
-def configmap_name(fingerprint: str) -> str:
-    return CONFIGMAP_PREFIX + fingerprint
+def configmap_name(report_key: str) -> str:
+    """The report's ConfigMap: named by the operator's report key, not the model fingerprint."""
+    return CONFIGMAP_PREFIX + report_key

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from encoderpool_connector.contracts import configmap_name
@@ -47,9 +48,14 @@ class Snapshot:
     # When this operator last wrote the pool's status (its memory; None: not since start).
     status_written_at: datetime | None = None
 
+    @cached_property
+    def report_key(self) -> str:
+        """What the width report and Job are named by (``render.report_key``)."""
+        return render.report_key(self.pool)
+
     @property
     def job_name(self) -> str:
-        return render.width_job_name(self.pool, self.fingerprint)
+        return render.width_job_name(self.pool, self.report_key)
 
     @property
     def job(self) -> Mapping[str, Any] | None:
@@ -86,7 +92,8 @@ def observe(kube: Reader, obj: Mapping[str, Any]) -> Snapshot:
     ns = pool.namespace
     uid = pool.metadata.get("uid")
     fingerprint = pool.spec.model_identity(pool.spec.image).fingerprint()
-    report_cm = kube.get("v1", "ConfigMap", ns, configmap_name(fingerprint))
+    key = render.report_key(pool)
+    report_cm = kube.get("v1", "ConfigMap", ns, configmap_name(key))
     pool_selector = f"{render.LABEL_POOL}={pool.name}"
     owned: dict[Ref, Mapping[str, Any]] = {}
     for api_version, kind in render.CHILD_KINDS:
@@ -112,7 +119,7 @@ def observe(kube: Reader, obj: Mapping[str, Any]) -> Snapshot:
         live=live,
         owned=owned,
     )
-    has_report = parse_report(report_cm, fingerprint)[0] is not None
+    has_report = parse_report(report_cm, key, fingerprint)[0] is not None
     job = snap.job
     if job is None and not has_report:  # about to create it: is the name someone else's?
         ref = ("batch/v1", "Job", snap.job_name)

@@ -229,7 +229,7 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
     status_fields: dict[str, Any] = {
         "observed_generation": gen,
         "model_fingerprint": snap.fingerprint,
-        "width_report_name": configmap_name(snap.fingerprint),
+        "width_report_name": configmap_name(snap.report_key),
         "router_endpoint": render.router_endpoint(pool),
     }
     report = widths.report

@@ -1,5 +1,6 @@
 """The width report, decided purely: reuse the stored report, take it from the Job, or measure.
 
+    report ConfigMap not the operator's     -> WidthsMeasured=False naming it; never touched
     report ConfigMap holds a usable report  -> use it (and own it with the other pools)
     width Job Complete                      -> its pod's termination message is the report:
                                                validate it, store it in the ConfigMap
@@ -10,10 +11,19 @@ The Job writes nothing to the API server (it has no token): ``measure`` leaves
 the report as its container's termination message, and the operator, which
 reads the Job's pod, stores it. No I/O here: ``observe`` has read the
 ConfigMap, the Jobs and (only when needed) the Job's pods.
+
+The report ConfigMap is shared by name inside the namespace, so anyone who may
+write ConfigMaps there can make one first or edit it. The operator cannot stop
+that (the namespace is the trust boundary), so it reads such a ConfigMap as
+input: one it did not write (``foreign_reason``) is never used, patched or
+adopted; every number in a report is bounded (``WidthReport``), and the failure
+count is parsed with bounds (``parse_failures``). Each of these is a condition
+naming the ConfigMap, never an exception or a wedged pass.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from encoderpool_connector.contracts import ModelIdentity, WidthReport, configmap_name
+from encoderpool_connector.contracts import ModelIdentity, WidthReport
 from encoderpool_operator import render
 from encoderpool_operator.api import WIDTHS_MEASURED, ConditionUpdate, format_errors
 from encoderpool_operator.reconcile.actions import Action, Apply, Create, Delete, MergePatch
@@ -34,6 +44,12 @@ if TYPE_CHECKING:
 # count survives the Job, which is deleted to retry.
 ANNOTATION_FAILURES = "encoderpool.io/width-job-failures"
 MEASURING_POLL_SECONDS = 15.0
+# How often a pool blocked by a foreign report looks again (it may have been deleted).
+FOREIGN_POLL_SECONDS = 60.0
+# The most failures counted: 30 s x 2**15 is far past the back-off's 10-minute cap.
+MAX_FAILURES = 16
+_FAILURE_COUNT = re.compile(r"[0-9]{1,3}")
+BACKOFF_CAP_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -47,20 +63,89 @@ class WidthsPlan:
     warnings: tuple[str, ...] = ()
 
 
+def _where(cm: Mapping[str, Any]) -> str:
+    meta = cm.get("metadata") or {}
+    return f"ConfigMap {meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def foreign_reason(cm: Mapping[str, Any], key: str) -> str | None:
+    """Why ``cm`` is not a report ConfigMap this operator wrote; None when it is.
+
+    Ours carries the managed-by, component and report-key labels the operator
+    renders and, once it holds data, the digest the operator stored with that data
+    (``render.report_digest``). Neither is a secret: a same-namespace user who
+    forges both gets a report the operator reads, bounded like any other. What
+    they catch is a ConfigMap made or edited by hand (or another tool's object of
+    that name), which the operator must never overwrite or own (its owners would
+    make the garbage collector delete it with the pools).
+    """
+    meta = cm.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    want = {
+        render.LABEL_MANAGED_BY: render.MANAGED_BY,
+        render.LABEL_COMPONENT: render.REPORT_COMPONENT,
+        render.LABEL_REPORT_KEY: key,
+    }
+    missing = [f"{k}={v}" for k, v in want.items() if labels.get(k) != v]
+    if missing:
+        return "it lacks the operator's labels " + ", ".join(missing)
+    data = cm.get("data")
+    if data:
+        digest = (meta.get("annotations") or {}).get(render.ANNOTATION_REPORT_DIGEST)
+        if digest != render.report_digest(key, data):
+            return (
+                f"its data does not match the {render.ANNOTATION_REPORT_DIGEST} annotation the "
+                "operator stores with a report (made or edited by hand?)"
+            )
+    return None
+
+
 def parse_report(
-    cm: Mapping[str, Any] | None, fingerprint: str
+    cm: Mapping[str, Any] | None, key: str, fingerprint: str
 ) -> tuple[WidthReport | None, str | None]:
-    """The report stored in ``cm``; else None and why (no why while there is simply none)."""
-    if cm is None or not cm.get("data"):
+    """The report stored in ``cm``; else None and why (no why while there is simply none).
+
+    A ConfigMap the operator did not write holds no report for it (``foreign_reason``).
+    """
+    if cm is None:
         return None, None
-    where = f"ConfigMap {cm['metadata'].get('namespace', '')}/{configmap_name(fingerprint)}"
+    where = _where(cm)
+    if why := foreign_reason(cm, key):
+        return None, f"{where} was not written by the operator: {why}"
+    if not cm.get("data"):
+        return None, None
     try:
         report = WidthReport.from_configmap_data(cm["data"])
-    except (ValueError, ValidationError) as e:
+    except ValidationError as e:
+        return None, f"{where} holds no usable width report: {format_errors(e)}"
+    except ValueError as e:
         return None, f"{where} holds no usable width report: {e}"
-    if report.fingerprint != fingerprint:
-        return None, f"{where} reports fingerprint {report.fingerprint}; ignoring it"
+    if report.fingerprint != fingerprint or report.identity.fingerprint() != fingerprint:
+        return None, (
+            f"{where} reports fingerprint {report.fingerprint} (identity "
+            f"{report.identity.fingerprint()}), not the pool's {fingerprint}; ignoring it"
+        )
     return report, None
+
+
+def parse_failures(annotations: Mapping[str, Any]) -> tuple[int, str | None]:
+    """The failure count kept in ``ANNOTATION_FAILURES``, and what was wrong with it.
+
+    Only a short digit string is read (never ``int`` on any length), and the count
+    is clamped to ``MAX_FAILURES``. Anything else (a sign, spaces, a long number
+    such as "10000000000") reads as ``MAX_FAILURES``: a count the operator cannot
+    trust must never make a Job rerun sooner than the back-off's cap.
+    """
+    text = annotations.get(ANNOTATION_FAILURES)
+    if text is None:
+        return 0, None
+    if isinstance(text, str) and _FAILURE_COUNT.fullmatch(text):
+        return min(int(text), MAX_FAILURES), None
+    shown = repr(text)[:34]
+    return MAX_FAILURES, (
+        f"annotation {ANNOTATION_FAILURES}={shown} is not a count of 0 to {MAX_FAILURES}: "
+        f"read as {MAX_FAILURES}"
+    )
 
 
 def job_state(job: Mapping[str, Any] | None) -> tuple[str, str, str]:
@@ -81,8 +166,13 @@ def job_finished_at(job: Mapping[str, Any]) -> datetime | None:
 
 
 def backoff_seconds(failures: int, base: float = 30.0) -> float:
-    """base, 2x base, 4x base, ... capped at 10 minutes between width Job attempts."""
-    return float(min(600.0, base * 2 ** max(0, failures - 1)))
+    """base, 2x base, 4x base, ... capped at 10 minutes between width Job attempts.
+
+    The exponent is clamped first, so any count costs the same (a float power of at
+    most ``MAX_FAILURES``), never a huge integer power.
+    """
+    exponent = min(max(0, failures - 1), MAX_FAILURES)
+    return float(min(BACKOFF_CAP_SECONDS, base * 2.0**exponent))
 
 
 def report_from_pods(
@@ -137,19 +227,25 @@ def store_report(
     a resourceVersion guard, and none drops another's owner.
     """
     pool, cm = snap.pool, snap.report_cm
+    key = snap.report_key
     if cm is None:
-        obj = render.width_report_configmap(pool, snap.fingerprint, data=data)
+        obj = render.width_report_configmap(pool, key, snap.fingerprint, data=data)
         if failures is not None:
-            obj["metadata"]["annotations"] = {ANNOTATION_FAILURES: str(failures)}
+            obj["metadata"].setdefault("annotations", {})[ANNOTATION_FAILURES] = str(failures)
         return Create(obj)
+    assert foreign_reason(cm, key) is None, "a foreign report is never written"
     meta: dict[str, Any] = {}
     body: dict[str, Any] = {}
+    annotations: dict[str, str] = {}
     if pool.metadata["uid"] not in _owner_uids(cm):
         meta["ownerReferences"] = [render.report_owner_reference(pool)]
     if data is not None:
         body["data"] = data
+        annotations[render.ANNOTATION_REPORT_DIGEST] = render.report_digest(key, data)
     if failures is not None:
-        meta["annotations"] = {ANNOTATION_FAILURES: str(failures)}
+        annotations[ANNOTATION_FAILURES] = str(failures)
+    if annotations:
+        meta["annotations"] = annotations
     if not meta and data is None:
         return None
     if meta:
@@ -183,7 +279,19 @@ def plan_widths(snap: Snapshot, retry_base: float, now: datetime) -> WidthsPlan:
     """Decide the width report's step for one pass (see the module docstring)."""
     pool = snap.pool
     gen = pool.generation
-    report, problem = parse_report(snap.report_cm, snap.fingerprint)
+    cm = snap.report_cm
+    if cm is not None and (why := foreign_reason(cm, snap.report_key)):
+        ns, name = pool.namespace, cm["metadata"]["name"]
+        text = (
+            f"{_where(cm)} holds this pool's width report name but was not written by the "
+            f"operator ({why}); it is never used, patched or adopted. Delete it "
+            f"(kubectl delete configmap -n {ns} {name}) and the operator measures the model "
+            "and stores its report there"
+        )
+        return WidthsPlan(
+            None, _condition("WidthReportForeign", text, gen), (), FOREIGN_POLL_SECONDS
+        )
+    report, problem = parse_report(cm, snap.report_key, snap.fingerprint)
     warnings = (problem,) if problem else ()
     if report is not None:
         adopt = store_report(snap)
@@ -207,12 +315,17 @@ def plan_widths(snap: Snapshot, retry_base: float, now: datetime) -> WidthsPlan:
     actions: list[Action] = []
     if snap.report_cm is not None and (adopt := store_report(snap)):
         actions.append(adopt)  # a failure count kept there, or another pool's stored report
-    want = render.width_job(pool, identity, snap.fingerprint)
+    want = render.width_job(pool, identity, snap.report_key)
     if job is None or not is_subset(want, job):
         actions.append(Apply(want))
+    measuring = f"width Job {name} is measuring {pool.spec.model.name}"
+    if problem:  # a stored report of ours that is out of bounds: the Job's replaces it
+        condition = _condition("WidthReportInvalid", f"{problem}; {measuring} again", gen)
+    else:
+        condition = _condition("Measuring", measuring, gen)
     return WidthsPlan(
         None,
-        _condition("Measuring", f"width Job {name} is measuring {pool.spec.model.name}", gen),
+        condition,
         tuple(actions),
         MEASURING_POLL_SECONDS,
         warnings,
@@ -230,16 +343,18 @@ def _retry(
     """A failed attempt: wait out the back-off, then count it and delete the Job to rerun it."""
     gen = snap.pool.generation
     annotations = (snap.report_cm or {}).get("metadata", {}).get("annotations") or {}
-    failures = int(annotations.get(ANNOTATION_FAILURES, "0"))
+    failures, unreadable = parse_failures(annotations)
     assert snap.job is not None, "only a finished Job fails"
     finished = job_finished_at(snap.job) or now
     wait = backoff_seconds(failures + 1, retry_base) - (now - finished).total_seconds()
     text = f"{text}; attempt {failures + 1}"
+    if unreadable and snap.report_cm is not None:
+        text = f"{text} ({_where(snap.report_cm)}: {unreadable})"
     if wait > 0:
         return WidthsPlan(
             None, _condition(reason, f"{text}, retrying in {wait:.0f}s", gen), (), wait, warnings
         )
-    count = store_report(snap, failures=failures + 1)
+    count = store_report(snap, failures=min(failures + 1, MAX_FAILURES))
     assert count is not None, "a new failure count is always a write"
     retry = Delete("batch/v1", "Job", snap.job_name, "to retry")
     return WidthsPlan(
