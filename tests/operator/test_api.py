@@ -108,6 +108,103 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
         "may not set image, command or args",
     ),
     (
+        "template-pod-seccomp",
+        _template({"securityContext": {"seccompProfile": {"type": "Unconfined"}}}),
+        "spec.consumer.podTemplate",
+        "cannot be set: the operator sets the pods' seccomp profile",
+    ),
+    (
+        "template-container-apparmor",
+        _template(
+            {
+                "containers": [
+                    {"name": "vllm", "securityContext": {"appArmorProfile": {"type": "Unconfined"}}}
+                ]
+            }
+        ),
+        "spec.consumer.podTemplate",
+        "cannot be set: the operator sets the pods' seccomp profile",
+    ),
+    (
+        "template-selinux",
+        _template({"securityContext": {"seLinuxOptions": {"type": "spc_t"}}}),
+        "spec.consumer.podTemplate",
+        "cannot be set: the operator sets the pods' seccomp profile",
+    ),
+    (
+        "template-proc-mount",
+        _template(
+            {"initContainers": [{"name": "i", "securityContext": {"procMount": "Unmasked"}}]}
+        ),
+        "spec.consumer.podTemplate",
+        "cannot be set: the operator sets the pods' seccomp profile",
+    ),
+    (
+        "template-run-as-group-0",
+        _template({"securityContext": {"runAsGroup": 0}}),
+        "spec.consumer.podTemplate",
+        "runAsGroup 0",
+    ),
+    (
+        "template-container-run-as-group-0",
+        _template({"containers": [{"name": "x", "securityContext": {"runAsGroup": 0}}]}),
+        "spec.consumer.podTemplate",
+        "runAsGroup 0",
+    ),
+    (
+        "template-node-name",
+        _template({"nodeName": "control-plane"}),
+        "spec.consumer.podTemplate",
+        "nodeName cannot be set",
+    ),
+    (
+        "template-token-volume",
+        _template(
+            {
+                "volumes": [
+                    {
+                        "name": "t",
+                        "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]},
+                    }
+                ]
+            }
+        ),
+        "spec.consumer.podTemplate",
+        "projected serviceAccountToken sources are refused",
+    ),
+    (
+        "template-apparmor-annotation",
+        {
+            "spec": {
+                "consumer": {
+                    "podTemplate": {
+                        "metadata": {
+                            "annotations": {
+                                "container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"
+                            }
+                        }
+                    }
+                }
+            }
+        },
+        "spec.consumer.podTemplate",
+        "may not set seccomp or AppArmor profiles",
+    ),
+    (
+        "pod-annotations-apparmor",
+        {
+            "spec": {
+                "producer": {
+                    "podAnnotations": {
+                        "container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"
+                    }
+                }
+            }
+        },
+        "spec.producer.podAnnotations",
+        "may not set seccomp or AppArmor profiles",
+    ),
+    (
         "pod-labels-of-ours",
         {"spec": {"producer": {"podLabels": {"app.kubernetes.io/component": "x"}}}},
         "spec.producer.podLabels",
@@ -412,6 +509,20 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
 # Refused by pydantic only (the CRD cannot check map keys or duplicates in a plain list
 # cheaply, or the bound depends on quantity arithmetic the schema does not do).
 PYDANTIC_ONLY: list[tuple[str, dict[str, Any], str, str]] = [
+    # The API server prunes fields off the allow-list (or refuses them under strict
+    # field validation); the operator refuses them naming the field.
+    (
+        "template-field-off-the-list",
+        _template({"restartPolicy": "Never"}),
+        "spec.consumer.podTemplate",
+        "restartPolicy is not a field podTemplate may set",
+    ),
+    (
+        "template-volume-off-the-list",
+        _template({"volumes": [{"name": "n", "nfs": {"server": "x", "path": "/"}}]}),
+        "spec.consumer.podTemplate",
+        "nfs is not a field podTemplate may set",
+    ),
     (
         "duplicate-env",
         {"spec": {"model": {"env": [{"name": "A"}, {"name": "A", "value": "x"}]}}},

@@ -85,6 +85,22 @@ def test_the_router_gets_media_affinity_only_when_the_pool_asks() -> None:
     assert parse_settings(args).consumer_policy == "media-affinity"
 
 
+def test_request_media_kwargs_are_trusted_by_the_router_and_vllm_together() -> None:
+    """The router refuses them unless told otherwise, and vLLM refuses them unless run
+    with --trust-request-mm-kwargs: one setting turns both, so they never disagree."""
+    pool = load("pool-shared-volume.yaml")
+    objs = children(pool)
+    assert not parse_settings(container(objs, "pool-router")["args"]).trust_request_mm_kwargs
+    for role in ("pool-producer", "pool-consumer"):
+        assert "--trust-request-mm-kwargs" not in container(objs, role)["args"]
+    raw = pool.model_dump(by_alias=True, exclude={"status"})
+    raw["spec"]["router"]["trustRequestMmKwargs"] = True
+    trusted = children(EncoderPool.from_object({**raw, "metadata": pool.metadata}))
+    assert parse_settings(container(trusted, "pool-router")["args"]).trust_request_mm_kwargs
+    for role in ("pool-producer", "pool-consumer"):
+        assert "--trust-request-mm-kwargs" in container(trusted, role)["args"]
+
+
 def test_rendering_is_pure_and_changes_only_with_its_inputs() -> None:
     pool = load("pool-shared-volume.yaml")
     before = children(pool)
@@ -336,6 +352,77 @@ def test_pod_template_lists_merge_by_name_instead_of_replacing_ours() -> None:
     assert [v["name"] for v in spec["volumes"]][-1] == "extra"
     assert "dshm" in [v["name"] for v in spec["volumes"]]
     assert spec["topologySpreadConstraints"][0]["topologyKey"] == "zone"
+
+
+def test_our_restricted_fields_win_after_the_template_merges() -> None:
+    """Validation refuses these; ``render.restrict`` holds even for a template that got
+    past it (here: built without validation), and covers containers it adds."""
+    pool = _with_template({"spec": {"containers": [{"name": "sidecar", "image": "x"}]}})
+    hostile = {
+        "spec": {
+            "nodeName": "control-plane",
+            "hostPID": True,
+            "automountServiceAccountToken": True,
+            "securityContext": {
+                "runAsNonRoot": False,
+                "runAsGroup": 0,
+                "seccompProfile": {"type": "Unconfined"},
+                "seLinuxOptions": {"type": "spc_t"},
+            },
+            "containers": [
+                {
+                    "name": "vllm",
+                    "securityContext": {
+                        "privileged": True,
+                        "runAsUser": 0,
+                        "procMount": "Unmasked",
+                        "appArmorProfile": {"type": "Unconfined"},
+                        "capabilities": {"add": ["SYS_ADMIN"]},
+                    },
+                },
+                {
+                    "name": "sidecar",
+                    "image": "x",
+                    "securityContext": {"allowPrivilegeEscalation": True},
+                },
+            ],
+        }
+    }
+    producer = pool.spec.producer.model_copy(update={"pod_template": hostile})
+    pool = pool.model_copy(update={"spec": pool.spec.model_copy(update={"producer": producer})})
+    config = pool.spec.connector_config("0" * 16, {"image": 128})
+    deployment = render.vllm_deployment(pool, render.PRODUCER, config)
+    spec = deployment["spec"]["template"]["spec"]
+    for key in ("nodeName", "hostPID"):
+        assert key not in spec
+    assert spec["automountServiceAccountToken"] is False
+    ctx = spec["securityContext"]
+    assert ctx["runAsNonRoot"] is True
+    assert ctx["runAsGroup"] == 1000
+    assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "seLinuxOptions" not in ctx
+    vllm, sidecar = spec["containers"]
+    for c in (vllm, sidecar):
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["runAsNonRoot"] is True
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        for key in ("privileged", "runAsUser", "procMount", "appArmorProfile"):
+            assert key not in sc, (c["name"], key)
+    assert vllm["securityContext"]["capabilities"] == {"drop": ["ALL"]}  # no SYS_ADMIN
+    assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_a_pool_without_a_template_renders_as_before() -> None:
+    """``restrict`` runs only over a template: upgrading the operator rolls no pod."""
+    pool = load("pool-shared-volume.yaml")
+    spec = children(pool)["Deployment/pool-producer"]["spec"]["template"]["spec"]
+    assert spec["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,11 @@ from encoderpool_connector.contracts import (
     RdmaSettings,
     SharedVolumeSettings,
 )
-from encoderpool_operator.api.pod_template import POD_TEMPLATE_SCHEMA, forbidden_fields
+from encoderpool_operator.api.pod_template import (
+    POD_TEMPLATE_SCHEMA,
+    SECURITY_ANNOTATION_PREFIXES,
+    forbidden_fields,
+)
 from encoderpool_operator.api.quantity import ByteRange, Quantity, quantity_bytes
 from encoderpool_operator.api.schema import (
     ApiModel,
@@ -52,11 +56,41 @@ NETWORK_PATTERN = (
 )
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
-# vLLM flags the operator renders from typed fields; `extraArgs` may not set them.
+# vLLM flags the operator renders from typed fields (or must never be given): `extraArgs`
+# may not set them in any spelling vLLM accepts. vLLM's parser (argparse with
+# allow_abbrev) takes any unambiguous prefix (--ec-transfer-conf), `--flag=value`, `_`
+# for `-` in the name, and dotted JSON keys (--ec-transfer-config.ec_role x), which it
+# re-appends after every other argument, so they win wherever the operator puts its own
+# flags; `--config FILE` reads flags (dotted keys too) from a file. So every prefix of an
+# owned flag is refused, whatever follows it after `=` or `.`, and `--config`. Checked
+# against vLLM's real parser in tests/operator/test_vllm_args.py.
+OWNED_FLAGS = (
+    "model", "revision", "dtype", "served-model-name", "tensor-parallel-size",
+    "limit-mm-per-prompt", "ec-transfer-config", "host", "port", "allowed-media-domains",
+    "allowed-local-media-path", "api-key", "config",
+)  # fmt: skip
+OWNED_SHORT_FLAGS = ("tp",)  # -tp (argparse also takes -t for it)
+
+
+def _prefixes(flag: str) -> str:
+    """RE2 for every non-empty prefix of ``flag``, `_` or `-` where it has `-`."""
+    out = ""
+    for ch in reversed(flag[1:]):
+        out = f"(?:{'[-_]' if ch == '-' else re.escape(ch)}{out})?"
+    return re.escape(flag[0]) + out
+
+
 OWNED_FLAGS_PATTERN = (
-    r"^(--(model|revision|dtype|served[-_]model[-_]name|tensor[-_]parallel[-_]size"
-    r"|limit[-_]mm[-_]per[-_]prompt|ec[-_]transfer[-_]config|host|port"
-    r"|allowed[-_]media[-_]domains|allowed[-_]local[-_]media[-_]path|api[-_]key)|-tp)(=.*)?$"
+    r"^(--(" + "|".join(_prefixes(f) for f in OWNED_FLAGS) + r")?"
+    r"|-(" + "|".join(_prefixes(f) for f in OWNED_SHORT_FLAGS) + r"))([=.].*)?$"
+)
+_OWNED_FLAGS_FIX = (
+    "spells a flag the operator sets (--model, --revision, --dtype, --served-model-name, "
+    "--tensor-parallel-size/-tp, --limit-mm-per-prompt, --ec-transfer-config, --host, "
+    "--port, --allowed-media-domains, --allowed-local-media-path, --api-key) or --config "
+    "(flags from a file), --, or a prefix, `_` or dotted spelling of one, which vLLM "
+    "accepts as that flag: set spec.model, spec.producer/consumer.tensorParallelSize or "
+    "spec.connector instead (the API key comes from the pool's internal Secret)"
 )
 
 
@@ -270,16 +304,11 @@ class ModelSpec(ApiModel):
         description="More `vllm serve` arguments for producers and consumers, e.g. "
         "[--max-model-len, '8192']. Flags the operator sets from typed fields "
         "(--model, --revision, --dtype, --served-model-name, --tensor-parallel-size, "
-        "--limit-mm-per-prompt, --ec-transfer-config, --host, --port, --api-key) are refused.",
+        "--limit-mm-per-prompt, --ec-transfer-config, --host, --port, --allowed-media-domains, "
+        "--allowed-local-media-path, --api-key) and --config are refused in every spelling "
+        "vLLM accepts (prefixes, --flag=value, _ for -, dotted keys).",
         json_schema_extra=cel_extra(
-            cel(
-                f"self.all(a, !a.matches('{OWNED_FLAGS_PATTERN}'))",
-                "must not set --model, --revision, --dtype, "
-                "--served-model-name, --tensor-parallel-size/-tp, --limit-mm-per-prompt, "
-                "--ec-transfer-config, --host, --port or --api-key: set spec.model, "
-                "spec.producer/consumer.tensorParallelSize or spec.connector instead (the "
-                "API key comes from the pool's internal Secret)",
-            )
+            cel(f"self.all(a, !a.matches('{OWNED_FLAGS_PATTERN}'))", "an item " + _OWNED_FLAGS_FIX)
         ),
     )
     env: tuple[EnvVar, ...] = Field(
@@ -302,13 +331,9 @@ class ModelSpec(ApiModel):
     @field_validator("extra_args")
     @classmethod
     def _not_owned(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for arg in value:
+        for i, arg in enumerate(value):
             if re.match(OWNED_FLAGS_PATTERN, arg):
-                flag = arg.split("=", 1)[0]
-                raise ValueError(
-                    f"{flag} is set by the operator: use spec.model, "
-                    "spec.producer/consumer.tensorParallelSize or spec.connector instead"
-                )
+                raise ValueError(f"item {i} ({arg[:64]!r}) {_OWNED_FLAGS_FIX}")
         return value
 
     @field_validator("env")
@@ -409,6 +434,11 @@ _FREE_FORM: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
 
 # Label key prefixes the operator's selectors and owner labels use; podLabels may not.
 RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "encoderpool.io/")
+_PROFILE_ANNOTATIONS = (
+    "podAnnotations may not set seccomp or AppArmor profiles ("
+    + ", ".join(f"{p}*" for p in SECURITY_ANNOTATION_PREFIXES)
+    + "): the operator sets the pods' profile; remove them"
+)
 _RESERVED_LABELS = (
     "podLabels may not set "
     + " or ".join(f"{p}*" for p in RESERVED_LABEL_PREFIXES)
@@ -505,9 +535,13 @@ class RoleSpec(ApiModel):
         "operator renders: maps merge key by key, named lists (containers, volumes, "
         "volumeMounts, env, ...) by name, other values replace. For what the typed fields do "
         "not cover, e.g. priorityClassName, topologySpreadConstraints, extra volumes and "
-        "mounts. Refused: serviceAccountName, automountServiceAccountToken, host namespaces, "
-        "hostPath volumes, privileged or root containers, added capabilities, and the vllm "
-        "container's image, command and args.",
+        "mounts. An allow-list: pod spec fields as listed in the schema (others are pruned), "
+        "volumes of the Pod Security restricted kinds, security contexts that only lower "
+        "privileges. Refused: serviceAccountName, automountServiceAccountToken, nodeName, host "
+        "namespaces, hostPath volumes, projected serviceAccountToken sources, privileged or "
+        "root (runAsUser/runAsGroup 0) containers, added capabilities, seccomp, AppArmor and "
+        "SELinux profiles, procMount, sysctls, and the vllm container's image, command and "
+        "args. The operator's restricted security fields are applied after the merge.",
         json_schema_extra=POD_TEMPLATE_SCHEMA,
     )
     rollout: RolloutSpec = Field(
@@ -539,13 +573,32 @@ class RoleSpec(ApiModel):
     )
     pod_annotations: dict[
         Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=4096)]
-    ] = Field(default_factory=dict, max_length=32, description="Extra annotations on the pods.")
+    ] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Extra annotations on the pods (no seccomp or AppArmor profile ones).",
+        json_schema_extra=cel_extra(
+            cel(
+                "!self.exists(k, "
+                + " || ".join(f"k.startsWith('{p}')" for p in SECURITY_ANNOTATION_PREFIXES)
+                + ")",
+                _PROFILE_ANNOTATIONS,
+            )
+        ),
+    )
 
     @field_validator("pod_labels")
     @classmethod
     def _free_labels(cls, value: dict[str, str]) -> dict[str, str]:
         if any(k.startswith(RESERVED_LABEL_PREFIXES) for k in value):
             raise ValueError(_RESERVED_LABELS)
+        return value
+
+    @field_validator("pod_annotations")
+    @classmethod
+    def _no_profiles(cls, value: dict[str, str]) -> dict[str, str]:
+        if any(k.startswith(SECURITY_ANNOTATION_PREFIXES) for k in value):
+            raise ValueError(_PROFILE_ANNOTATIONS)
         return value
 
     @field_validator("pod_template")
@@ -1006,6 +1059,13 @@ class RouterSpec(ApiModel):
         description="Pass clients' media item uuids on to vLLM, which keys embeddings by them: "
         "one client could then have another's request answered with its own media. Only for "
         "single-tenant pools; off, the router drops them and vLLM hashes the content.",
+    )
+    trust_request_mm_kwargs: bool = Field(
+        default=False,
+        description="Accept requests' mm_processor_kwargs and media_io_kwargs (a video's "
+        "frames, an image's pixels): the router passes them on (at most 4 KiB) and vLLM "
+        "runs with --trust-request-mm-kwargs. They set what each item costs to encode, so "
+        "only for clients trusted with the pool's capacity; off, both refuse them (400).",
     )
     consumer_policy: Literal["LeastBusy", "MediaAffinity"] = Field(
         default="LeastBusy",
