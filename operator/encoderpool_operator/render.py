@@ -831,10 +831,17 @@ def report_owner_reference(pool: EncoderPool) -> dict[str, Any]:
     return {**owner_reference(pool), "controller": False}
 
 
+# Env the width Job's vLLM, Hugging Face hub and transformers read (what model files are
+# fetched, how they load): part of the report key. Other names (labels for logs, a team
+# name) would re-measure the model for nothing.
+_MEASURED_ENV = ("VLLM_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_")
+
+
 def report_key(pool: EncoderPool) -> str:
     """The key width reports are stored and shared under (16 hex chars): the model
     fingerprint plus everything else that can change what the width Job measures, its
-    image and arguments (extra args that reach it included), the model's env and files.
+    image and arguments (extra args that reach it included), the model's files and the
+    env vLLM and the hub read (``_MEASURED_ENV``).
 
     The fingerprint alone stays what cache entries carry: a serving pod computes it
     from vLLM's config, which knows nothing of the Job. A report is shared by every
@@ -849,7 +856,7 @@ def report_key(pool: EncoderPool) -> str:
             "fingerprint": identity.fingerprint(),
             "image": spec.width_job.image or spec.image,
             "args": measure_args(identity, spec.model.extra_args),
-            "env": [[e.name, e.value] for e in spec.model.env],
+            "env": [[e.name, e.value] for e in spec.model.env if e.name.startswith(_MEASURED_ENV)],
             "source": source.model_dump(mode="json") if source is not None else None,
         }
     )

@@ -318,7 +318,8 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
             "patch", "encoderpool", "tiny", "-n", pool_ns, "--type=merge", "-p",
             json.dumps({"spec": {"router": {"enabled": False},
                                  "networkPolicy": {"enabled": False},
-                                 "connector": {"sharedVolume": None, "rdma": {}}}}),
+                                 "connector": {"sharedVolume": None,
+                                               "rdma": {"ucxTransports": "tcp,sm,self"}}}}),
         )  # fmt: skip
         wait_until(
             "status.transport rdma",

@@ -218,11 +218,23 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     (
         "two-transports",
-        {"spec": {"connector": {"rdma": {}}}},
+        {"spec": {"connector": {"rdma": {"ucxTransports": "tcp"}}}},
         "spec.connector",
         "exactly one of sharedVolume",
     ),
     ("no-transport", {"spec": {"connector": {"sharedVolume": None}}}, "spec.connector", "rdma"),
+    (
+        "rdma-without-a-device",
+        {"spec": {"connector": {"sharedVolume": None, "rdma": {}}}},
+        "spec.connector.rdma",
+        "set resourceName (your RDMA device plugin's resource, e.g. rdma/hca), or networks",
+    ),
+    (
+        "rdma-node-local-transports",
+        {"spec": {"connector": {"sharedVolume": None, "rdma": {"ucxTransports": "sm,self"}}}},
+        "spec.connector.rdma",
+        "add tcp to ucxTransports",
+    ),
     (
         "size-and-claim",
         {"spec": {"connector": {"sharedVolume": {"existingClaim": "cache"}}}},
@@ -683,11 +695,27 @@ def test_model_identity_is_stable_and_follows_the_spec() -> None:
 
 
 @pytest.mark.parametrize(
+    "rdma",
+    [
+        {"ucxTransports": "tcp,sm,self"},  # the kind and local test beds
+        {"ucxTransports": "rc,tcp"},
+        {"ucxTransports": "^rc"},  # every transport but rc: tcp included
+        {"ucxTransports": "all"},
+        {"resourceName": "rdma/hca"},
+        {"networks": ["rdma-net"]},
+    ],
+)
+def test_rdma_that_can_reach_another_node_is_accepted(rdma: dict[str, Any]) -> None:
+    obj = patched({"spec": {"connector": {"sharedVolume": None, "rdma": rdma}}})
+    assert EncoderPool.from_object(obj).spec.connector.transport == "rdma"
+
+
+@pytest.mark.parametrize(
     ("connector", "transport"),
     [
         ({"sharedVolume": {"size": "10Gi"}}, "sharedVolume"),
         ({"sharedVolume": {"existingClaim": "c", "capacity": "5Gi"}}, "sharedVolume"),
-        ({"rdma": {"bufferSize": "2Gi", "sideChannelPort": 6000}}, "rdma"),
+        ({"rdma": {"bufferSize": "2Gi", "sideChannelPort": 6000, "networks": ["n"]}}, "rdma"),
     ],
 )
 def test_connector_config_round_trips_through_the_connector(

@@ -177,7 +177,7 @@ def test_defaults_agree_with_the_models() -> None:
             "image": "i",
             "producer": {},
             "consumer": {},
-            "connector": {"rdma": {}},
+            "connector": {"rdma": {"networks": ["n"]}},  # the defaults of all but networks
         }
     ).model_dump(mode="json")
     for section in ("router", "widthJob"):

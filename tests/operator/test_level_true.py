@@ -191,7 +191,11 @@ def test_a_transport_switch_leaves_nothing_of_the_old_one(
 ) -> None:
     ready_sample_pool(cluster, namespace)
     assert exists(cluster, namespace, "pvc", "tiny-cache")
-    patch_pool(cluster, namespace, {"spec": {"connector": {"sharedVolume": None, "rdma": {}}}})
+    patch_pool(
+        cluster,
+        namespace,
+        {"spec": {"connector": {"sharedVolume": None, "rdma": {"ucxTransports": "tcp,sm,self"}}}},
+    )
 
     def switched() -> bool:
         got = get_json(cluster, "encoderpool", "tiny", "-n", namespace)

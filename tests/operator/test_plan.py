@@ -530,7 +530,10 @@ def test_a_disabled_router_is_pruned_with_its_rbac() -> None:
 
 def test_a_transport_switch_leaves_nothing_of_the_old_one() -> None:
     shared = settled(pool_object())
-    rdma = {**shared, "spec": {**shared["spec"], "connector": {"rdma": {}}}}
+    rdma = {
+        **shared,
+        "spec": {**shared["spec"], "connector": {"rdma": {"ucxTransports": "tcp,sm,self"}}},
+    }
     p = plan(settled_snapshot(rdma, live_from=shared), DEFAULTS, NOW)
     described = [a.describe() for a in writes(p)]
     assert described == [

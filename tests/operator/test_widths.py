@@ -204,8 +204,10 @@ def test_the_report_key_covers_what_changes_a_measurement_and_the_fingerprint_do
     }
     for what, spec in changed.items():
         assert _key(**spec) != key, what
-    # Neither the pod counts nor the router change what the Job measures.
+    # Neither the pod counts, the router nor env vLLM does not read change what it measures.
     assert _key(router={"enabled": False}, producer={"replicas": 3}) == key
+    team = [*model.get("env", []), {"name": "TEAM", "value": "vision"}]
+    assert _key(model={**model, "env": team}) == key
     # The fingerprint cache entries carry stays the model's: the Job's image is not in it.
     fingerprint = EncoderPool.from_object(base).spec.model_identity("x").fingerprint()
     other = EncoderPool.from_object(pool_object(widthJob={"image": "other.example/vllm:1"}))

@@ -817,8 +817,25 @@ _SHM_FITS = (
 )
 
 
+# UCX_TLS values that let UCX cross nodes without an RDMA device: tcp, all, or an
+# exclusion list (^x: every transport but x, tcp included).
+CROSSES_NODES_PATTERN = r"(^|,)(tcp|all)(,|$)"
+_NEEDS_A_DEVICE = (
+    "ucxTransports lists no transport that reaches another node without an RDMA device "
+    "(rc, ud, dc, ... need one; sm, self, cma stay on the node), and neither resourceName nor "
+    "networks gives the pods one: set resourceName (your RDMA device plugin's resource, e.g. "
+    "rdma/hca), or networks (a Multus network with an RDMA NIC), or add tcp to ucxTransports "
+    "(e.g. tcp,sm,self) where there is no RDMA NIC"
+)
+
+
 class RdmaSpec(ApiModel):
-    """NIXL over UCX: producers keep embeddings in registered memory, consumers READ them."""
+    """NIXL over UCX: producers keep embeddings in registered memory, consumers READ them.
+
+    ``rdma: {}`` would render UCX_TLS=rc,sm,self with no device: pods start, but
+    every read across nodes fails, and consumers silently encode everything
+    themselves. Refused at admission with what to set instead.
+    """
 
     model_config = ConfigDict(
         json_schema_extra=cel_extra(
@@ -827,7 +844,14 @@ class RdmaSpec(ApiModel):
                 "quantity(string(self.shmSize)).compareTo(quantity(string(self.bufferSize))) >= 0",
                 _SHM_FITS,
                 ".shmSize",
-            )
+            ),
+            cel(
+                "has(self.resourceName) || (has(self.networks) && size(self.networks) > 0) || "
+                "(has(self.ucxTransports) && (self.ucxTransports.startsWith('^') || "
+                f"self.ucxTransports.matches('{CROSSES_NODES_PATTERN}')))",
+                _NEEDS_A_DEVICE,
+                ".ucxTransports",
+            ),
         )
     )
 
@@ -890,6 +914,17 @@ class RdmaSpec(ApiModel):
             self.buffer_size
         ):
             raise ValueError(_SHM_FITS)
+        return self
+
+    @model_validator(mode="after")
+    def _reaches_other_nodes(self) -> RdmaSpec:
+        if not (
+            self.resource_name
+            or self.networks
+            or self.ucx_transports.startswith("^")
+            or re.search(CROSSES_NODES_PATTERN, self.ucx_transports)
+        ):
+            raise ValueError(_NEEDS_A_DEVICE)
         return self
 
     def settings(self) -> RdmaSettings:
