@@ -9,7 +9,7 @@ export TRANSFORMERS_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 export VLLM_TARGET_DEVICE := cpu
-export PYTHONPATH := $(CURDIR)/operator:$(CURDIR)/connector:$(CURDIR)/router:$(CURDIR)
+export PYTHONPATH := $(CURDIR)/contracts:$(CURDIR)/operator:$(CURDIR)/connector:$(CURDIR)/router:$(CURDIR)
 PYTEST_ARGS ?=
 # The static checks that gate the tests (tests/test_checks_gate.py swaps in `false`).
 CHECKS ?= tools/checks.sh

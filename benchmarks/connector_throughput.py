@@ -61,7 +61,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES
 from encoderpool_connector.shared_volume.entry import Expect, entry_name
 from encoderpool_connector.shared_volume.metadata import LoadSpec, SharedVolumeMetadata
@@ -71,6 +70,7 @@ from encoderpool_connector.shared_volume.worker import (
     SharedVolumeWorker,
     writer_stats,
 )
+from encoderpool_contracts import ConnectorConfig
 
 FP = "0123456789abcdef"
 

@@ -551,7 +551,7 @@ def connector_configs(
     """Per transport: connector class, module, extra config, extra env (as the operator renders)."""
     import vllm
 
-    from encoderpool_connector.contracts import CHANNEL_KEY_ENV, ConnectorConfig, ModelIdentity
+    from encoderpool_contracts import CHANNEL_KEY_ENV, ConnectorConfig, ModelIdentity
 
     fp = ModelIdentity(model=str(model), vllm_version=str(vllm.__version__)).fingerprint()
     sv = ConnectorConfig(

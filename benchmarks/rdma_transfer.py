@@ -42,13 +42,13 @@ SMALL = (64, 128)
 
 def _key() -> Any:
     """Both sides sign as a pool does (the channel key), so the figures include it."""
-    from encoderpool_connector.rdma.auth import ChannelKey
+    from encoderpool_contracts.integrity import ChannelKey
 
     return ChannelKey(b"encoderpool-benchmark-channel-key")
 
 
 def _config(buffer_bytes: int, shm_dir: str) -> Any:
-    from encoderpool_connector.contracts import ConnectorConfig
+    from encoderpool_contracts import ConnectorConfig
 
     return ConnectorConfig(
         transport="rdma",

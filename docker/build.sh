@@ -32,7 +32,7 @@ fi
 docker() { /usr/bin/docker "$@"; }
 log() { echo "docker/build.sh: $*" >&2; }
 hash() { sha256sum | cut -c1-12; }
-sources() { (cd "$root" && git ls-files -co --exclude-standard -- pyproject.toml README.md operator connector router); }
+sources() { (cd "$root" && git ls-files -co --exclude-standard -- pyproject.toml README.md contracts operator connector router); }
 source_key() { (cd "$root" && sources | sort | while read -r f; do echo "$f"; cat "$f"; done) | hash; }
 have() { docker image inspect "$1" >/dev/null 2>&1; }
 

@@ -13,6 +13,7 @@ WORKDIR /src
 COPY wheels/ /wheels/
 COPY pyproject.toml README.md ./
 COPY requirements/constraints.txt requirements/constraints.txt
+COPY contracts/ contracts/
 COPY operator/ operator/
 COPY connector/ connector/
 COPY router/ router/

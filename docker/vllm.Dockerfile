@@ -22,6 +22,7 @@ ARG PIP_INDEX_ARGS=""
 COPY wheels/ /wheels/
 COPY pyproject.toml README.md /tmp/encoderpool/
 COPY requirements/constraints.txt /tmp/encoderpool/requirements/
+COPY contracts/ /tmp/encoderpool/contracts/
 COPY operator/ /tmp/encoderpool/operator/
 COPY connector/ /tmp/encoderpool/connector/
 COPY router/ /tmp/encoderpool/router/

@@ -36,7 +36,7 @@ class OperatorProcess:
             "KUBECONFIG": str(self.kubeconfig),
             "ENCODERPOOL_KUBECONFIG": str(self.kubeconfig),
             "PYTHONPATH": os.pathsep.join(
-                [str(REPO / "operator"), str(REPO / "connector"), str(REPO)]
+                [str(REPO / p) for p in ("contracts", "operator", "connector")] + [str(REPO)]
             ),
             "PYTHONUNBUFFERED": "1",
             "ENCODERPOOL_METRICS_PORT": str(self.metrics_port),

@@ -54,7 +54,7 @@ def base_env(cpu: str | None = None) -> dict[str, str]:
         VLLM_TARGET_DEVICE="cpu",
         PYTHONUNBUFFERED="1",
     )
-    paths = [str(REPO / "connector"), str(REPO / "operator"), str(REPO)]
+    paths = [str(REPO / p) for p in ("contracts", "connector", "operator")] + [str(REPO)]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)

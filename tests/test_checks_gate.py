@@ -51,6 +51,20 @@ def test_each_check_fails_on_its_own_kind_of_error(tmp_path: Path, tool: str) ->
     assert f"checks: {tool}" in out.stderr
 
 
+def test_an_import_across_the_cut_fails_the_checks(tmp_path: Path) -> None:
+    """The router importing the connector (clean to ruff, ruff format and mypy)."""
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "__init__.py").write_text(GOOD)
+    router = tmp_path / "router" / "encoderpool_router"
+    router.mkdir(parents=True)
+    (router / "__init__.py").write_text("from encoderpool_connector import contracts\n")
+    out = checks(tmp_path)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert "checks: import rules" in out.stderr
+    assert "encoderpool_router imports encoderpool_connector" in out.stderr
+
+
 def test_a_clean_project_passes(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text(PYPROJECT)
     (tmp_path / "bad").mkdir()

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The static checks `make test` runs before any test: ruff, ruff format, mypy. Any failure
+# The static checks `make test` runs before any test: ruff, ruff format, mypy, the import
+# rules. Any failure
 # stops here with a non-zero exit, so `make test` (and .ci/run) fails on it.
 #   tools/checks.sh [project-dir]   (default: this repository; the dir's pyproject.toml
 #                                    configures all three tools)
@@ -14,4 +15,6 @@ fail=0
 # re-checks only the project's own modules, not torch's and vLLM's (most of a cold run).
 export MYPY_CACHE_DIR=${MYPY_CACHE_DIR:-$(dirname "$(dirname "$V")")/mypy/$(basename "$V")}
 "$V/bin/mypy" || { echo "checks: mypy failed" >&2; fail=1; }
+# The cut between the three images (docs/architecture.md): who may import whom.
+"$V/bin/python" "$root/tools/import_rules.py" . || { echo "checks: import rules failed" >&2; fail=1; }
 exit $fail

@@ -8,7 +8,7 @@ reaches a producer or consumer could still use it. This guard refuses every
 request without ``Authorization: Bearer <VLLM_API_KEY>`` except the kubelet's
 probe (``/health``) and the scrapers' ``/metrics``. The operator loads it with
 ``vllm serve --middleware encoderpool_connector.api_guard.RequireApiKey``;
-it depends on nothing but the standard library.
+it depends on nothing but the standard library and the contracts' names.
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-API_KEY_ENV = "VLLM_API_KEY"
+from encoderpool_contracts.pod import API_GUARD_MIDDLEWARE, VLLM_API_KEY_ENV
+
+API_KEY_ENV = VLLM_API_KEY_ENV
 # Answered without the key: the kubelet's probes and Prometheus scrapers.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/metrics/"})
 # What ``--middleware`` names (the operator renders it; tests start vLLM with it).
-MIDDLEWARE = f"{__name__}.RequireApiKey"
+MIDDLEWARE = API_GUARD_MIDDLEWARE
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

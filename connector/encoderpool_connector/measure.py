@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from encoderpool_connector.contracts import DTYPE_BYTES, ModelIdentity, WidthReport
+from encoderpool_contracts import DTYPE_BYTES, ModelIdentity, WidthReport
 
 logger = logging.getLogger("vllm.ext." + __name__)
 
@@ -152,7 +152,7 @@ def measure(args: argparse.Namespace) -> WidthReport:
         from vllm.multimodal import MULTIMODAL_REGISTRY
         from vllm.multimodal.encoder_budget import MultiModalBudget
 
-        from encoderpool_connector.contracts import identity_from_vllm_config
+        from encoderpool_contracts import identity_from_vllm_config
 
         try:
             llm = LLM(**kw)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from encoderpool_connector.contracts import ConnectorConfig
+from encoderpool_contracts import ConnectorConfig
 
 logger = logging.getLogger("vllm.ext." + __name__)
 
@@ -39,7 +39,7 @@ def measured_widths(
     producers' parallelism (what the width Job measured with), so a consumer's
     own tensor/pipeline parallel sizes are not compared.
     """
-    from encoderpool_connector.contracts import identity_from_vllm_config
+    from encoderpool_contracts import identity_from_vllm_config
 
     tc = vllm_config.ec_transfer_config
     assert tc is not None

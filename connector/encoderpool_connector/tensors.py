@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from encoderpool_connector.contracts import DTYPE_BYTES
+from encoderpool_contracts import DTYPE_BYTES
 
 TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_BYTES}
 

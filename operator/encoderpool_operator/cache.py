@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from encoderpool_connector.contracts import CONFIGMAP_PREFIX
+from encoderpool_contracts import CONFIGMAP_PREFIX
 from encoderpool_operator import render
 from encoderpool_operator.api import API_VERSION, GROUP, KIND
 

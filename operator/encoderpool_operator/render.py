@@ -16,21 +16,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from encoderpool_connector.api_guard import MIDDLEWARE as API_GUARD
-from encoderpool_connector.contracts import (
+from encoderpool_contracts import (
+    ADVERTISE_HOST_ENV,
     CHANNEL_KEY_ENV,
     CONFIGMAP_KEY,
     LABEL_FINGERPRINT,
+    VLLM_API_KEY_ENV,
     ConnectorConfig,
     ModelIdentity,
     WidthReport,
     configmap_name,
 )
+from encoderpool_contracts import API_GUARD_MIDDLEWARE as API_GUARD
 from encoderpool_operator.api import (
     API_VERSION,
     HUB_TOKEN_ENV,
     KIND,
-    VLLM_API_KEY_ENV,
     EncoderPool,
     ProducerGroup,
     ResourceRequirements,
@@ -397,7 +398,7 @@ def _rdma_bits(pool: EncoderPool) -> tuple[dict[str, str], list[dict[str, Any]],
         {"name": "UCX_TLS", "value": rdma.ucx_transports},
         # Producers tell consumers where to READ from: their own pod IP.
         {
-            "name": "ENCODERPOOL_ADVERTISE_HOST",
+            "name": ADVERTISE_HOST_ENV,
             "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
         },
     ]

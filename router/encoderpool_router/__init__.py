@@ -10,7 +10,7 @@ Runs as ``python -m encoderpool_router``, in a pod of its own (a Deployment per
 pool, from the operator image). It is an import package of its own, not part of
 the in-pod connector, because it needs aiohttp, prometheus_client and the
 Kubernetes client, none of which belong in a vLLM image, and it imports neither
-torch nor vLLM; it shares only ``encoderpool_connector.contracts`` (pydantic)
+torch nor vLLM; it shares only ``encoderpool_contracts`` (pydantic)
 with the connector. The ``router`` extra installs exactly what it imports.
 """
 

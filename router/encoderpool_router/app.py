@@ -32,7 +32,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from encoderpool_connector.contracts import EC_TRANSFER_PARAMS, Announcement, raw_announcement
+from encoderpool_contracts import EC_TRANSFER_PARAMS, Announcement, raw_announcement
 from encoderpool_router.auth import TokenFile
 from encoderpool_router.backends import (
     Backend,

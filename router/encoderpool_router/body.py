@@ -33,7 +33,7 @@ import json
 import os
 from typing import Any
 
-from encoderpool_connector.contracts import EC_TRANSFER_PARAMS
+from encoderpool_contracts import EC_TRANSFER_PARAMS
 
 # What json.loads skips after a document: its WHITESPACE ([ \t\n\r]*).
 _JSON_WS = b" \t\n\r"

@@ -110,7 +110,9 @@ def start_replica(
         "POD_ID": pod_id,
         "KUBECONFIG": str(kubeconfig),
         "ENCODERPOOL_KUBECONFIG": str(kubeconfig),
-        "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("operator", "connector", ".")),
+        "PYTHONPATH": os.pathsep.join(
+            str(REPO / p) for p in ("contracts", "operator", "connector", ".")
+        ),
         "PYTHONUNBUFFERED": "1",
         # Two replicas on one machine: each its own metrics port, on loopback.
         "ENCODERPOOL_METRICS_PORT": str(metrics_port),

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from e2e.vllm_server import VllmServer, base_env, ec_transfer_config, stop_all
-from encoderpool_connector.contracts import ConnectorConfig, ModelIdentity
+from encoderpool_contracts import ConnectorConfig, ModelIdentity
 
 CONNECTOR = "EncoderPoolSharedVolumeConnector"
 MODULE = "encoderpool_connector.shared_volume"

@@ -10,18 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.loadbuffers import MIN_POOLED_BYTES, LoadBuffers, as_tensor
-from encoderpool_connector.shared_volume.entry import (
-    Expect,
-    Header,
-    checksum,
-    entry_name,
-    read_prefix,
-)
+from encoderpool_connector.shared_volume.entry import Expect, Header, entry_name, read_prefix
 from encoderpool_connector.shared_volume.metadata import LoadSpec, SharedVolumeMetadata
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
 from encoderpool_connector.shared_volume.worker import SharedVolumeWorker
+from encoderpool_contracts import ConnectorConfig
+from encoderpool_contracts.integrity import checksum
 
 MiB = 1 << 20
 FP = "0123456789abcdef"

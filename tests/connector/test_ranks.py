@@ -21,17 +21,18 @@ from typing import Any
 import pytest
 import torch
 
-from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.metadata import WorkerReport
 from encoderpool_connector.ranks import FAULT_ENV, Rank, recompute
 from encoderpool_connector.rdma.buffer import SharedRegion
 from encoderpool_connector.rdma.metadata import LoadPlan, RdmaMetadata, RdmaWorkerMetadata
 from encoderpool_connector.rdma.worker import RdmaWorker
-from encoderpool_connector.shared_volume.entry import Header, checksum, entry_name
+from encoderpool_connector.shared_volume.entry import Header, entry_name
 from encoderpool_connector.shared_volume.metadata import SharedVolumeWorkerMetadata
 from encoderpool_connector.shared_volume.scheduler import SharedVolumeScheduler
 from encoderpool_connector.shared_volume.store import SharedStore
 from encoderpool_connector.shared_volume.worker import SharedVolumeWorker
+from encoderpool_contracts import ConnectorConfig
+from encoderpool_contracts.integrity import checksum
 
 FP = "0123456789abcdef"
 TOKENS, WIDTH = 4, 8
@@ -411,8 +412,8 @@ def test_a_consumer_of_another_parallelism_is_not_warned_about_the_identity(
 
     import vllm
 
-    from encoderpool_connector.contracts import ModelIdentity
     from encoderpool_connector.startup import measured_widths
+    from encoderpool_contracts import ModelIdentity
 
     identity = ModelIdentity(model="/m", vllm_version=str(vllm.__version__), tensor_parallel_size=2)
     config = ConnectorConfig(

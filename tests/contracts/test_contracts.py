@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from encoderpool_connector.contracts import (
+from encoderpool_contracts import (
     ANNOUNCE_KEY,
     Announcement,
     ConnectorConfig,
@@ -83,7 +83,7 @@ def test_the_announcement_keeps_its_wire_form_and_rejects_what_is_not_one() -> N
 def test_the_contracts_import_neither_torch_nor_vllm() -> None:
     """The operator and the router import the contracts without either installed."""
     code = (
-        "import sys, encoderpool_connector, encoderpool_connector.contracts;"
+        "import sys, encoderpool_connector, encoderpool_contracts;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm', 'kopf'));"
         "print(bad); sys.exit(1 if bad else 0)"
     )

@@ -31,7 +31,7 @@ from e2e.kind.pool import (
     wait_ready,
 )
 from e2e.media import chat_request, image
-from encoderpool_connector.contracts import WidthReport
+from encoderpool_contracts import WidthReport
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kind

@@ -14,7 +14,7 @@ import yaml
 
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
-from encoderpool_connector.contracts import DTYPE_BYTES, WidthReport, configmap_name
+from encoderpool_contracts import DTYPE_BYTES, WidthReport, configmap_name
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from encoderpool_connector.contracts import CONFIGMAP_PREFIX
+from encoderpool_contracts import CONFIGMAP_PREFIX
 from encoderpool_operator import render
 from encoderpool_operator.api import API_VERSION, KIND
 from encoderpool_operator.cache import (

@@ -12,7 +12,7 @@ import pytest
 
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
-from encoderpool_connector.contracts import CONFIGMAP_KEY, CONFIGMAP_PREFIX
+from encoderpool_contracts import CONFIGMAP_KEY, CONFIGMAP_PREFIX
 from encoderpool_operator import render
 from encoderpool_operator.api import API_VERSION, KIND, EncoderPool
 from encoderpool_operator.cache import MAX_ENTRY_BYTES, REPORT_COMPONENT

@@ -14,7 +14,7 @@ from e2e.cluster import LocalCluster
 from e2e.cluster.kubelet import run_pods
 from e2e.cluster.runner import OPERATOR_USER
 from e2e.operator_process import OperatorProcess
-from encoderpool_connector.contracts import ConnectorConfig, WidthReport
+from encoderpool_contracts import ConnectorConfig, WidthReport
 from tests.operator.fixtures import condition, get_json, sample_pool
 from tests.waiting import wait_until
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from encoderpool_connector.contracts import WidthReport
+from encoderpool_contracts import WidthReport
 from encoderpool_operator import render
 from encoderpool_operator.api import MAX_NAME_LENGTH, EncoderPool
 from encoderpool_operator.reconcile.actions import (

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from encoderpool_connector.contracts import ConnectorConfig
+from encoderpool_contracts import ConnectorConfig
 from encoderpool_operator import render
 from encoderpool_operator.api import MAX_NAME_LENGTH, EncoderPool
 from encoderpool_operator.reconcile.plan import plan

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from encoderpool_connector.contracts import ConnectorConfig
+from encoderpool_contracts import ConnectorConfig
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
 from encoderpool_router.config import parse_settings

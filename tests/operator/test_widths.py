@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from encoderpool_connector.contracts import CONFIGMAP_KEY, WidthReport
+from encoderpool_contracts import CONFIGMAP_KEY, WidthReport
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.reconcile.actions import Apply, MergePatch, PatchStatus

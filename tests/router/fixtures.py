@@ -33,7 +33,7 @@ from e2e.vllm_server import (
     free_port,
     stop_all,
 )
-from encoderpool_connector.api_guard import MIDDLEWARE as API_GUARD
+from encoderpool_contracts import API_GUARD_MIDDLEWARE as API_GUARD
 from encoderpool_router.app import Router, build_app
 from encoderpool_router.config import RouterSettings
 from tests.connector.fixtures import LOGGING_CONFIG

@@ -18,26 +18,22 @@ producer answers, is signed, and checked with ``hmac.compare_digest``:
 
 Each kind signs under its own label, so one never verifies as another. Without the
 env the transport runs unauthenticated and says so at start-up (docs/security.md).
-The shared-volume transport signs its entries with the same key under a label of its
-own (``shared_volume/entry.py``).
+The key, its MAC and the payload checksum are ``encoderpool_contracts.integrity``'s,
+shared with the shared-volume transport (which signs its entries under a label of its
+own).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import logging
-import os
 import threading
-from collections.abc import Mapping
 from typing import Any
 
-from encoderpool_connector.contracts import CHANNEL_KEY_ENV
+from encoderpool_contracts import CHANNEL_KEY_ENV
+from encoderpool_contracts.integrity import AuthError
 
 logger = logging.getLogger("vllm.ext." + __name__)
 
-MIN_KEY_BYTES = 16
 REQUEST_WINDOW_S = 30.0  # side-channel requests: how far their time may be from ours
 CLOCK_SKEW_S = 30.0  # coordinates: how far in the future their issue time may be
 MAX_LOGGED_PEERS = 256  # distinct peers named in "refused" warnings; then one summary
@@ -46,63 +42,6 @@ COORDINATES = "encoderpool/rdma/coordinates/v1"
 META_REQUEST = "encoderpool/rdma/meta-request/v1"
 META_REPLY = "encoderpool/rdma/meta-reply/v1"
 RELEASE = "encoderpool/rdma/release/v1"
-
-
-class AuthError(ValueError):
-    """A message that does not verify: unsigned, wrong key, tampered, stale or replayed."""
-
-
-def canonical(body: Mapping[str, Any]) -> bytes:
-    """The bytes a MAC covers: sorted keys, no whitespace, ASCII (both sides agree)."""
-    try:
-        return json.dumps(
-            body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-        ).encode()
-    except (TypeError, ValueError) as e:
-        raise AuthError(f"not signable JSON: {e}") from None
-
-
-class ChannelKey:
-    """The pool's secret; signs and checks under a label per message kind."""
-
-    def __init__(self, secret: bytes) -> None:
-        if len(secret) < MIN_KEY_BYTES:
-            raise ValueError(
-                f"env {CHANNEL_KEY_ENV} holds {len(secret)} bytes; the channel key needs at "
-                f"least {MIN_KEY_BYTES} (the operator's Secret holds 32 random bytes)"
-            )
-        self._secret = secret
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> ChannelKey | None:
-        """The key in env ``ENCODERPOOL_CHANNEL_KEY``; None when it is unset or empty."""
-        raw = (os.environ if environ is None else environ).get(CHANNEL_KEY_ENV, "").strip()
-        return cls(raw.encode()) if raw else None
-
-    def __repr__(self) -> str:  # never the secret
-        return "ChannelKey(<hidden>)"
-
-    def mac(self, label: str, body: Mapping[str, Any]) -> str:
-        msg = label.encode() + b"\n" + canonical(body)
-        return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()
-
-    def sign(self, label: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """``body`` plus its ``mac``."""
-        return {**body, "mac": self.mac(label, body)}
-
-    def check(self, label: str, signed: Any) -> dict[str, Any]:
-        """``signed`` without its ``mac`` if the mac verifies; AuthError otherwise."""
-        if not isinstance(signed, dict):
-            raise AuthError(f"expected a signed JSON object, got {type(signed).__name__}")
-        mac = signed.get("mac")
-        if mac is None:
-            raise AuthError("unsigned (no mac)")
-        if not isinstance(mac, str) or len(mac) != 64:
-            raise AuthError("malformed mac")
-        body = {k: v for k, v in signed.items() if k != "mac"}
-        if not hmac.compare_digest(mac.encode(), self.mac(label, body).encode()):
-            raise AuthError("bad mac (another key, or the message was changed)")
-        return body
 
 
 def check_time(ts: Any, now: float, *, max_age: float, max_ahead: float) -> None:

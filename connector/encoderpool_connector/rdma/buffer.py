@@ -28,7 +28,7 @@ import time
 from bisect import insort
 from dataclasses import dataclass, field
 
-from encoderpool_connector.contracts import payload_bytes
+from encoderpool_contracts import payload_bytes
 
 logger = logging.getLogger("vllm.ext." + __name__)
 

@@ -40,7 +40,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from encoderpool_connector.contracts import DTYPE_BYTES, payload_bytes
 from encoderpool_connector.rdma.auth import (
     CLOCK_SKEW_S,
     COORDINATES,
@@ -48,13 +47,13 @@ from encoderpool_connector.rdma.auth import (
     META_REQUEST,
     RELEASE,
     REQUEST_WINDOW_S,
-    AuthError,
-    ChannelKey,
     NonceBook,
     OncePerPeer,
     check_time,
 )
 from encoderpool_connector.rdma.buffer import MAX_DIMS
+from encoderpool_contracts import DTYPE_BYTES, payload_bytes
+from encoderpool_contracts.integrity import AuthError, ChannelKey
 
 logger = logging.getLogger("vllm.ext." + __name__)
 

@@ -19,6 +19,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata, 
 from encoderpool_connector.connector import RoleRoutingConnector
 from encoderpool_connector.rdma.metadata import RdmaMetadata
 from encoderpool_connector.startup import measured_widths
+from encoderpool_contracts import ADVERTISE_HOST_ENV
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.ext." + __name__)
 
-ADVERTISE_ENV = "ENCODERPOOL_ADVERTISE_HOST"
+ADVERTISE_ENV = ADVERTISE_HOST_ENV
 
 
 def advertise_host() -> str:
@@ -70,9 +71,10 @@ class EncoderPoolNixlConnector(RoleRoutingConnector):
     def _make_scheduler(self, vllm_config: VllmConfig) -> RdmaScheduler:
         from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
 
-        from encoderpool_connector.contracts import dtype_name
-        from encoderpool_connector.rdma.auth import ChannelKey, warn_unauthenticated
+        from encoderpool_connector.rdma.auth import warn_unauthenticated
         from encoderpool_connector.rdma.scheduler import RdmaScheduler
+        from encoderpool_contracts import dtype_name
+        from encoderpool_contracts.integrity import ChannelKey
 
         key = ChannelKey.from_env()
         if key is None:

@@ -26,15 +26,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from encoderpool_connector.contracts import (
-    Announcement,
-    ConnectorConfig,
-    announce,
-    payload_bytes,
-    raw_announcement,
-)
 from encoderpool_connector.lookups import LookupScheduler, short
-from encoderpool_connector.rdma.auth import AuthError, ChannelKey, OncePerPeer
+from encoderpool_connector.rdma.auth import OncePerPeer
 from encoderpool_connector.rdma.buffer import (
     HEADER_BYTES,
     SharedRegion,
@@ -59,6 +52,14 @@ from encoderpool_connector.rdma.metadata import (
 )
 from encoderpool_connector.rdma.stats import RdmaECStats
 from encoderpool_connector.rdma.transfer import ProducerAgent, Puller, PullResult
+from encoderpool_contracts import (
+    Announcement,
+    ConnectorConfig,
+    announce,
+    payload_bytes,
+    raw_announcement,
+)
+from encoderpool_contracts.integrity import AuthError, ChannelKey
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request

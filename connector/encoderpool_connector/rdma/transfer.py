@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from encoderpool_connector.rdma.auth import AuthError, ChannelKey, OncePerPeer
+from encoderpool_connector.rdma.auth import OncePerPeer
 from encoderpool_connector.rdma.buffer import SharedRegion
 from encoderpool_connector.rdma.channel import (
     Coordinates,
@@ -31,7 +31,7 @@ from encoderpool_connector.rdma.channel import (
     fetch_peer,
     parse_release,
 )
-from encoderpool_connector.shared_volume.entry import checksum
+from encoderpool_contracts.integrity import AuthError, ChannelKey, checksum
 
 logger = logging.getLogger("vllm.ext." + __name__)
 

@@ -17,7 +17,6 @@ import time
 import blake3
 import torch
 
-from encoderpool_connector.contracts import ConnectorConfig, dtype_name, payload_bytes
 from encoderpool_connector.ranks import Failing, Rank, recompute
 from encoderpool_connector.rdma.buffer import (
     HEADER_BYTES,
@@ -36,6 +35,7 @@ from encoderpool_connector.rdma.metadata import (
 from encoderpool_connector.rdma.stats import RdmaECStats
 from encoderpool_connector.stats import LockedStats
 from encoderpool_connector.tensors import TORCH_DTYPES, OnDevice
+from encoderpool_contracts import ConnectorConfig, dtype_name, payload_bytes
 
 logger = logging.getLogger("vllm.ext." + __name__)
 

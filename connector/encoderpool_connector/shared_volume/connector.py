@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, ClassVar
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata, ECConnectorRole
 
 from encoderpool_connector.connector import RoleRoutingConnector
-from encoderpool_connector.rdma.auth import ChannelKey
 from encoderpool_connector.shared_volume.metadata import SharedVolumeMetadata
 from encoderpool_connector.shared_volume.store import SharedStore
 from encoderpool_connector.startup import measured_widths
+from encoderpool_contracts.integrity import ChannelKey
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -62,8 +62,8 @@ class EncoderPoolSharedVolumeConnector(RoleRoutingConnector):
     def _make_scheduler(self, vllm_config: VllmConfig) -> SharedVolumeScheduler:
         from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
 
-        from encoderpool_connector.contracts import dtype_name
         from encoderpool_connector.shared_volume.scheduler import SharedVolumeScheduler
+        from encoderpool_contracts import dtype_name
 
         measured = measured_widths(self.config, vllm_config, producer=self.is_producer)
         return SharedVolumeScheduler(

@@ -36,11 +36,10 @@ import struct
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
-import blake3
 from typing_extensions import Buffer
 
-from encoderpool_connector.contracts import DTYPE_BYTES, payload_bytes
-from encoderpool_connector.rdma.auth import ChannelKey
+from encoderpool_contracts import DTYPE_BYTES, payload_bytes
+from encoderpool_contracts.integrity import ChannelKey, checksum
 
 if TYPE_CHECKING:
     import numpy as np
@@ -176,11 +175,6 @@ class Header:
 
 def payload_offset(header_len: int) -> int:
     return -(-(_PREFIX.size + header_len) // ALIGN) * ALIGN
-
-
-def checksum(payload: memoryview | bytes | bytearray) -> str:
-    """BLAKE3 of the payload (vLLM depends on blake3, so it is in every vLLM image)."""
-    return "blake3:" + blake3.blake3(payload, max_threads=blake3.blake3.AUTO).hexdigest()
 
 
 def encode_prefix(header: Header) -> bytes:

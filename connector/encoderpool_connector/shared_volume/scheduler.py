@@ -26,12 +26,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from encoderpool_connector.contracts import (
-    Announcement,
-    ConnectorConfig,
-    announce,
-    raw_announcement,
-)
 from encoderpool_connector.lookups import LookupScheduler, short
 from encoderpool_connector.shared_volume.entry import (
     EntryError,
@@ -48,6 +42,12 @@ from encoderpool_connector.shared_volume.metadata import (
 )
 from encoderpool_connector.shared_volume.stats import EncoderPoolECStats
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
+from encoderpool_contracts import (
+    Announcement,
+    ConnectorConfig,
+    announce,
+    raw_announcement,
+)
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request

@@ -40,7 +40,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from encoderpool_connector.rdma.auth import ChannelKey
 from encoderpool_connector.shared_volume.entry import (
     EntryError,
     Expect,
@@ -54,6 +53,7 @@ from encoderpool_connector.shared_volume.entry import (
     verify_fd_at,
     write_file,
 )
+from encoderpool_contracts.integrity import ChannelKey
 
 logger = logging.getLogger("vllm.ext." + __name__)
 

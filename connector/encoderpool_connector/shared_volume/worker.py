@@ -27,10 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from encoderpool_connector.contracts import ConnectorConfig, dtype_name, payload_bytes
 from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES, LoadBuffers, as_tensor
 from encoderpool_connector.ranks import Failing, Rank, recompute
-from encoderpool_connector.shared_volume.entry import EntryError, Header, checksum, entry_name
+from encoderpool_connector.shared_volume.entry import EntryError, Header, entry_name
 from encoderpool_connector.shared_volume.metadata import (
     LoadSpec,
     SharedVolumeMetadata,
@@ -41,6 +40,8 @@ from encoderpool_connector.shared_volume.stats import EncoderPoolECStats
 from encoderpool_connector.shared_volume.store import SharedStore
 from encoderpool_connector.stats import LockedStats
 from encoderpool_connector.tensors import TORCH_DTYPES, OnDevice
+from encoderpool_contracts import ConnectorConfig, dtype_name, payload_bytes
+from encoderpool_contracts.integrity import checksum
 
 logger = logging.getLogger("vllm.ext." + __name__)
 

@@ -21,8 +21,9 @@ from pydantic import (
     model_validator,
 )
 
-from encoderpool_connector.contracts import (
+from encoderpool_contracts import (
     CHANNEL_KEY_ENV,
+    VLLM_API_KEY_ENV,
     ConnectorConfig,
     ModelIdentity,
     RdmaSettings,
@@ -188,7 +189,6 @@ class HubToken(ApiModel):
 
 HUB_TOKEN_ENV = "HF_TOKEN"  # noqa: S105 (the variable's name; its value comes from a Secret)
 # vLLM's API key (it honours VLLM_API_KEY like --api-key): from the pool's internal Secret.
-VLLM_API_KEY_ENV = "VLLM_API_KEY"
 # Set by the operator from the pool's internal Secret; spec.model.env may not set them.
 RESERVED_ENV = (VLLM_API_KEY_ENV, CHANNEL_KEY_ENV)
 _RESERVED_IN_ENV = (

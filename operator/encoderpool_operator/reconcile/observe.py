@@ -15,7 +15,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from encoderpool_connector.contracts import configmap_name
+from encoderpool_contracts import configmap_name
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.cache import Reader, controller_uid

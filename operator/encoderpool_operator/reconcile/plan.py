@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from encoderpool_connector.contracts import configmap_name
+from encoderpool_contracts import configmap_name
 from encoderpool_operator import render
 from encoderpool_operator.api import (
     CHILDREN_OWNED,

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from encoderpool_connector.contracts import ModelIdentity, WidthReport
+from encoderpool_contracts import ModelIdentity, WidthReport
 from encoderpool_operator import render
 from encoderpool_operator.api import WIDTHS_MEASURED, ConditionUpdate, format_errors
 from encoderpool_operator.reconcile.actions import Action, Apply, Create, Delete, MergePatch

@@ -10,7 +10,7 @@ from typing import Any
 
 from e2e.media import chat_request, encoder_request, image_part, token_ids
 from e2e.vllm_server import VllmServer
-from encoderpool_connector.contracts import CHANNEL_KEY_ENV, ConnectorConfig
+from encoderpool_contracts import CHANNEL_KEY_ENV, ConnectorConfig
 from tests.connector.fixtures import TINY_WIDTHS
 from tests.router.fixtures import RouterProcess, encoded_hashes
 

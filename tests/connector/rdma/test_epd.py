@@ -17,8 +17,9 @@ import pytest
 
 from e2e.media import chat_request, image, token_ids
 from e2e.vllm_server import post_json
-from encoderpool_connector.rdma.auth import COORDINATES, META_REPLY, ChannelKey
+from encoderpool_connector.rdma.auth import COORDINATES, META_REPLY
 from encoderpool_connector.rdma.channel import encode_frame, fetch_peer, meta_request, read_frame
+from encoderpool_contracts.integrity import ChannelKey
 from tests.connector.rdma.fixtures import CHANNEL_KEY, RdmaPool, metric
 from tests.connector.rdma.slow_loris import slow_loris
 

@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 
 from e2e.vllm_server import REPO, base_env
-from encoderpool_connector.rdma.auth import ChannelKey
 from encoderpool_connector.rdma.buffer import HEADER_BYTES, SharedRegion
 from encoderpool_connector.rdma.channel import Coordinates
 from encoderpool_connector.rdma.transfer import Puller, PullResult
-from encoderpool_connector.shared_volume.entry import checksum
+from encoderpool_contracts.integrity import ChannelKey, checksum
 
 FP = "0123456789abcdef"
 ITEM = (1300, 3584)  # tokens x width, bf16: ~9.3 MB, a large real encoder output

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from e2e.vllm_server import free_port
-from encoderpool_connector.contracts import ConnectorConfig
-from encoderpool_connector.rdma.auth import ChannelKey
 from encoderpool_connector.rdma.channel import parse_coordinates, sign_coordinates
 from encoderpool_connector.rdma.metadata import RdmaMetadata, RdmaWorkerMetadata
 from encoderpool_connector.rdma.scheduler import RdmaScheduler
 from encoderpool_connector.rdma.worker import RdmaWorker
+from encoderpool_contracts import ConnectorConfig
+from encoderpool_contracts.integrity import ChannelKey
 from tests.waiting import wait_until
 
 FP = "0123456789abcdef"

@@ -18,14 +18,7 @@ from typing import Any
 
 import pytest
 
-from encoderpool_connector.contracts import ConnectorConfig
-from encoderpool_connector.rdma.auth import (
-    META_REPLY,
-    META_REQUEST,
-    AuthError,
-    ChannelKey,
-    NonceBook,
-)
+from encoderpool_connector.rdma.auth import META_REPLY, META_REQUEST, NonceBook
 from encoderpool_connector.rdma.buffer import (
     ALIGN,
     HEADER_BYTES,
@@ -51,6 +44,8 @@ from encoderpool_connector.rdma.channel import (
     read_frame,
     valid_host,
 )
+from encoderpool_contracts import ConnectorConfig
+from encoderpool_contracts.integrity import AuthError, ChannelKey
 from tests.connector.rdma.slow_loris import slow_loris
 
 FP = "0123456789abcdef"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from encoderpool_connector.contracts import CHANNEL_KEY_ENV
+from encoderpool_contracts import CHANNEL_KEY_ENV
 from tests.connector.fixtures import servers_for, sv_config, tiny_fingerprint
 from tests.connector.shared_volume.fixtures import CHANNEL_KEY, SvServers
 

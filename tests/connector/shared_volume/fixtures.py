@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e.vllm_server import VllmServer
-from encoderpool_connector.rdma.auth import ChannelKey
+from encoderpool_contracts.integrity import ChannelKey
 
 CHANNEL_KEY = "test-shared-volume-pool-key-0123456789"
 KEY = ChannelKey(CHANNEL_KEY.encode())  # what a key holder signs with, in forgeries

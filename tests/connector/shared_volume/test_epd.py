@@ -22,14 +22,13 @@ import pytest
 
 from e2e.media import chat_request, encoder_request, image, image_part, token_ids
 from e2e.vllm_server import VllmServer
-from encoderpool_connector.rdma.auth import ChannelKey
 from encoderpool_connector.shared_volume.entry import (
     Header,
-    checksum,
     encode_prefix,
     entry_name,
     parse_prefix,
 )
+from encoderpool_contracts.integrity import ChannelKey, checksum
 from tests.connector.shared_volume.fixtures import KEY, SvServers
 from tests.waiting import wait_until
 

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-from encoderpool_connector.contracts import ConnectorConfig
 from encoderpool_connector.loadbuffers import LoadBuffers
 from encoderpool_connector.shared_volume import split
 from encoderpool_connector.shared_volume.entry import EntryError, read_payload
@@ -25,6 +24,7 @@ from encoderpool_connector.shared_volume.metadata import SharedVolumeMetadata
 from encoderpool_connector.shared_volume.split import MIN_SPLIT_BYTES, SplitReader, default_threads
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
 from encoderpool_connector.shared_volume.worker import SharedVolumeWorker
+from encoderpool_contracts import ConnectorConfig
 from tests.connector.test_loadbuffers import FP, put, spec_for
 
 MiB = 1 << 20

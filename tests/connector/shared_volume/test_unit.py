@@ -8,19 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from encoderpool_connector.contracts import ConnectorConfig
-from encoderpool_connector.rdma.auth import ChannelKey
 from encoderpool_connector.shared_volume.entry import (
     EntryError,
     EntryMissing,
     Expect,
     Header,
-    checksum,
     entry_name,
     is_entry_name,
     verify_file,
 )
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
+from encoderpool_contracts import ConnectorConfig
+from encoderpool_contracts.integrity import ChannelKey, checksum
 
 FP = "0123456789abcdef"
 
@@ -182,8 +181,8 @@ def test_an_announcement_of_another_model_is_a_miss_not_a_wait(tmp_path: Path) -
     paired with a producer of the new one must not wait for an entry it will never find."""
     from types import SimpleNamespace
 
-    from encoderpool_connector.contracts import Announcement
     from encoderpool_connector.shared_volume.scheduler import SharedVolumeScheduler
+    from encoderpool_contracts import Announcement
 
     config = ConnectorConfig.from_extra_config(
         {

@@ -21,11 +21,11 @@ from e2e.media import Video, chat_request, encoder_request, image, token_ids, vi
 from e2e.vllm_server import VllmServer, post_json
 from encoderpool_connector.shared_volume.entry import (
     Header,
-    checksum,
     encode_prefix,
     entry_name,
     parse_prefix,
 )
+from encoderpool_contracts.integrity import checksum
 from tests.connector.fixtures import TINY_WIDTHS, producer_widths
 from tests.connector.shared_volume.fixtures import KEY, SvServers
 from tests.router.fixtures import RouterProcess, encoded_hashes

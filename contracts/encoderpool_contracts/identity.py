@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from encoderpool_connector.contracts.base import Frozen
-from encoderpool_connector.contracts.dtypes import Dtype, dtype_name
+from encoderpool_contracts.base import Frozen
+from encoderpool_contracts.dtypes import Dtype, dtype_name
 
 
 class ModelIdentity(Frozen):

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from encoderpool_connector.contracts.base import Frozen
+from encoderpool_contracts.base import Frozen
 
 # The request/response field vLLM carries the params in, and our key inside each item.
 EC_TRANSFER_PARAMS = "ec_transfer_params"

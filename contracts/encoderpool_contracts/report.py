@@ -20,9 +20,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from encoderpool_connector.contracts.base import Frozen
-from encoderpool_connector.contracts.dtypes import DTYPE_BYTES, Dtype
-from encoderpool_connector.contracts.identity import ModelIdentity
+from encoderpool_contracts.base import Frozen
+from encoderpool_contracts.dtypes import DTYPE_BYTES, Dtype
+from encoderpool_contracts.identity import ModelIdentity
 
 CONFIGMAP_PREFIX = "encoderpool-widths-"
 CONFIGMAP_KEY = "report.json"

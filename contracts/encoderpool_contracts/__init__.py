@@ -7,22 +7,23 @@ consumer speak ``Announcement``. Imports pydantic only (never torch, vLLM or a
 Kubernetes client), so the operator and the router import it freely.
 """
 
-from encoderpool_connector.contracts.announcement import (
+from encoderpool_contracts.announcement import (
     ANNOUNCE_KEY,
     EC_TRANSFER_PARAMS,
     Announcement,
     announce,
     raw_announcement,
 )
-from encoderpool_connector.contracts.config import (
+from encoderpool_contracts.config import (
     ConnectorConfig,
     RdmaSettings,
     SharedVolumeSettings,
 )
-from encoderpool_connector.contracts.dtypes import DTYPE_BYTES, Dtype, dtype_name, payload_bytes
-from encoderpool_connector.contracts.identity import ModelIdentity, identity_from_vllm_config
-from encoderpool_connector.contracts.keys import CHANNEL_KEY_ENV
-from encoderpool_connector.contracts.report import (
+from encoderpool_contracts.dtypes import DTYPE_BYTES, Dtype, dtype_name, payload_bytes
+from encoderpool_contracts.identity import ModelIdentity, identity_from_vllm_config
+from encoderpool_contracts.keys import CHANNEL_KEY_ENV
+from encoderpool_contracts.pod import ADVERTISE_HOST_ENV, API_GUARD_MIDDLEWARE, VLLM_API_KEY_ENV
+from encoderpool_contracts.report import (
     COMPONENT,
     CONFIGMAP_KEY,
     CONFIGMAP_PREFIX,
@@ -34,7 +35,9 @@ from encoderpool_connector.contracts.report import (
 )
 
 __all__ = [
+    "ADVERTISE_HOST_ENV",
     "ANNOUNCE_KEY",
+    "API_GUARD_MIDDLEWARE",
     "CHANNEL_KEY_ENV",
     "COMPONENT",
     "CONFIGMAP_KEY",
@@ -44,6 +47,7 @@ __all__ = [
     "LABEL_COMPONENT",
     "LABEL_FINGERPRINT",
     "TERMINATION_MESSAGE_LIMIT",
+    "VLLM_API_KEY_ENV",
     "Announcement",
     "ConnectorConfig",
     "Dtype",

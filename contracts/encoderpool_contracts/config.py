@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from encoderpool_connector.contracts.base import Frozen
-from encoderpool_connector.contracts.identity import ModelIdentity
+from encoderpool_contracts.base import Frozen
+from encoderpool_contracts.identity import ModelIdentity
 
 # Modality names as vLLM spells them; they are map keys, never paths.
 _MODALITY = re.compile(r"^[a-z][a-z0-9_]{0,31}$")

@@ -1,0 +1,84 @@
+"""The architecture's import rules (tools/import_rules.py) on planted trees and on ours."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rules() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "import_rules", ROOT / "tools" / "import_rules.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["import_rules"] = module  # dataclasses resolve the module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+rules = _rules()
+
+
+def plant(root: Path, path: str, text: str) -> None:
+    file = root / path
+    file.parent.mkdir(parents=True, exist_ok=True)
+    for parent in file.relative_to(root).parents:
+        if len(parent.parts) > 1:  # the package folders, not the top-level plain folder
+            (root / parent / "__init__.py").touch()
+    file.write_text(text)
+
+
+@pytest.mark.parametrize(
+    ("path", "text", "rule"),
+    [
+        ("contracts/encoderpool_contracts/x.py", "import encoderpool_router\n", "contracts"),
+        (
+            "operator/encoderpool_operator/x.py",
+            "from encoderpool_connector import api_guard\n",
+            "operator",
+        ),
+        ("operator/encoderpool_operator/x.py", "def f() -> None:\n    import torch\n", "operator"),
+        ("router/encoderpool_router/x.py", "import encoderpool_operator.api\n", "router"),
+        ("connector/encoderpool_connector/x.py", "import kopf\n", "connector"),
+        (
+            "connector/encoderpool_connector/rdma/x.py",
+            "from ..shared_volume.entry import Header\n",
+            "transports",
+        ),
+        (
+            "connector/encoderpool_connector/shared_volume/x.py",
+            "from encoderpool_connector.rdma import auth\n",
+            "transports",
+        ),
+    ],
+    ids=["contracts", "operator", "operator-lazy", "router", "connector", "relative", "absolute"],
+)
+def test_a_planted_violation_is_named(tmp_path: Path, path: str, text: str, rule: str) -> None:
+    plant(tmp_path, path, text)
+    found = rules.violations(tmp_path)
+    assert len(found) == 1, found
+    assert found[0].startswith(path + ":")
+
+
+def test_allowed_imports_pass(tmp_path: Path) -> None:
+    plant(tmp_path, "connector/encoderpool_connector/rdma/x.py", "from ..core import y\n")
+    plant(
+        tmp_path,
+        "connector/encoderpool_connector/shared_volume/x.py",
+        "import encoderpool_contracts\n",
+    )
+    plant(tmp_path, "router/encoderpool_router/x.py", "from encoderpool_contracts import pod\n")
+    plant(tmp_path, "operator/encoderpool_operator/x.py", "import kopf\n")
+    assert rules.violations(tmp_path) == []
+
+
+def test_the_tree_keeps_the_rules() -> None:
+    assert rules.violations(ROOT) == []
