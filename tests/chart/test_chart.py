@@ -173,7 +173,13 @@ def test_no_rbac_and_an_existing_service_account() -> None:
     kinds = by_kind(
         template("--set", "rbac.create=false,serviceAccount.create=false,serviceAccount.name=ops")
     )
-    assert set(kinds) == {"Deployment", "ClusterKopfPeering", "Service", "PodDisruptionBudget"}
+    assert set(kinds) == {
+        "Deployment",
+        "ClusterKopfPeering",
+        "Service",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    }
     assert kinds["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from e2e.vllm_server import base_env
-from encoderpool_connector.contracts import (
+from encoderpool_connector.measure import MeasureError, parse_args, publish
+from encoderpool_contracts import (
     TERMINATION_MESSAGE_LIMIT,
     ModelIdentity,
     WidthReport,
 )
-from encoderpool_connector.measure import MeasureError, parse_args, publish
 from tests.connector.fixtures import tiny_fingerprint
 
 
@@ -59,8 +59,9 @@ def test_measure_writes_the_report_as_a_termination_message(
 
 
 def test_a_report_too_large_for_a_termination_message_fails_clearly(tmp_path: Path) -> None:
-    identity = ModelIdentity(model="m", vllm_version="v")
-    modalities = {f"modality_{i:03d}": 128 for i in range(200)}
+    # A model path long enough to pass the limit (a report's counts are bounded).
+    identity = ModelIdentity(model="/models/" + "m" * 5000, vllm_version="v")
+    modalities = {"image": 128, "video": 128}
     report = WidthReport(
         fingerprint=identity.fingerprint(),
         identity=identity,
