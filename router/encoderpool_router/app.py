@@ -109,9 +109,9 @@ def _error(status: int, message: str, kind: str, rid: str) -> web.Response:
     return web.json_response(body, status=status, headers={REQUEST_ID: rid})
 
 
-def _busy(status: int, message: str, rid: str) -> web.Response:
+def _over_share(message: str, rid: str) -> web.Response:
     """A 429 for a client past its share: retry in a moment."""
-    response = _error(status, f"{message}; retry later", "rate_limit_error", rid)
+    response = _error(429, f"{message}; retry later", "rate_limit_error", rid)
     response.headers["Retry-After"] = "1"
     return response
 
@@ -261,7 +261,7 @@ class Router:
             self.metrics.error("client_requests_limit")
             self.metrics.request(path, "429")
             limit = self.settings.max_requests_per_client
-            return _busy(429, f"at most {limit} requests in flight per client", rid)
+            return _over_share(f"at most {limit} requests in flight per client", rid)
         try:
             response = await self._serve(request, path, with_body, rid, client)
             code = str(response.status)
@@ -325,7 +325,7 @@ class Router:
                 if not self.shares.reserve_items(client, distinct):
                     self.metrics.error("client_items_limit")
                     limit = self.settings.max_items_per_client
-                    return _busy(429, f"at most {limit} media items in flight per client", rid)
+                    return _over_share(f"at most {limit} media items in flight per client", rid)
                 try:
                     params = await self._encode_remotely(body, items, keys, rid)
                 finally:
@@ -600,9 +600,7 @@ class Router:
                 logger.warning("request %s: consumer %s failed: %s", rid, consumer.url, e)
         # The body names no pod address nor upstream text (the log has both, by request id).
         logger.warning("request %s: no consumer answered; last: %s", rid, last)
-        return _error(
-            502, f"no consumer answered (request id {rid})", "upstream_error", rid
-        )  # fmt: skip
+        return _error(502, f"no consumer answered (request id {rid})", "upstream_error", rid)
 
     def _choose_consumer(self, affinity: bytes | None, tried: list[Backend]) -> Backend | None:
         """The consumer for this attempt, by ``--consumer-policy``; counted by how."""

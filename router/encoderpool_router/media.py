@@ -18,8 +18,6 @@ from encoderpool_router.content import modality
 # fps). A producer that decoded otherwise would publish an embedding the consumer
 # cannot use (other token count) and the consumer would encode the item itself.
 _ENCODER_FIELDS = ("mm_processor_kwargs", "media_io_kwargs")
-
-
 # A trusted request's media kwargs, serialised, at most this long: they are a few knobs
 # (num_frames, fps, max_pixels), and each producer request of the body carries them.
 MM_KWARGS_BYTES = 4096
@@ -43,7 +41,7 @@ def mm_kwargs_problem(body: dict[str, Any], trusted: bool) -> str | None:
             return (
                 f"{name} is not accepted by this pool: per-request media kwargs change "
                 "the encoder's cost; the pool owner enables them with "
-                "spec.router.trustRequestMmKwargs"
+                "spec.router.trustRequestMmKwargs (the router's --trust-request-mm-kwargs)"
             )
         if not isinstance(value, dict):
             return f"{name} must be an object"

@@ -12,6 +12,7 @@ producer-kill test stops the producer, so it runs after the package's other test
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -244,6 +245,43 @@ def test_client_tokens_at_the_router_in_front_of_real_vllm(epd: Epd, tmp_path: P
         assert "client token file" in log  # the change was noticed ...
         for secret in (one, two, API_KEY):
             assert secret not in log  # ... and no token was logged
+    finally:
+        router.stop()
+
+
+def test_a_client_at_its_share_gets_429_while_another_is_answered_as_monolithic(
+    epd: Epd, tmp_path: Path
+) -> None:
+    """Client A holds its one request slot with a body it never finishes sending; its
+    next request is a 429 at once, client B's is answered with the monolithic server's
+    tokens, and A's dribbling request ends in a 408 that frees the slot."""
+    a, b = "client-a-" + "a" * 32, "client-b-" + "b" * 32
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{a}\n{b}\n")
+    body = chat_request(image(411))
+    expected = token_ids(epd.mono.chat(body))
+    router = RouterProcess(
+        ["--producers", epd.producer.url, "--consumers", epd.consumer.url,
+         "--auth-token-file", str(tokens), "--max-requests-per-client", "1",
+         "--body-read-timeout-s", "5"],
+        tmp_path / "router.log",
+        env={"ENCODERPOOL_ROUTER_BACKEND_API_KEY": API_KEY},
+    )  # fmt: skip
+    chat = router.url + CHAT
+    try:
+        router.start()
+        host, port = router.url.removeprefix("http://").split(":")
+        held = socket.create_connection((host, int(port)), timeout=30)
+        held.sendall(
+            f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {a}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode()
+        )
+        wait_until("A's slot taken", lambda: status_of(chat, body, a) == 429)
+        answer = post_json(chat, body, headers={"Authorization": f"Bearer {b}"})
+        assert token_ids(answer) == expected
+        assert held.recv(64).startswith(b"HTTP/1.1 408")  # after --body-read-timeout-s
+        held.close()
+        assert status_of(chat, body, a) == 200  # the slot is free again
     finally:
         router.stop()
 
