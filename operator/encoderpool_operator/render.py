@@ -28,6 +28,7 @@ from encoderpool_contracts import (
     configmap_name,
 )
 from encoderpool_contracts import API_GUARD_MIDDLEWARE as API_GUARD
+from encoderpool_contracts.router_args import BACKEND_API_KEY_ENV, POOL_UID_ENV, RouterArgs
 from encoderpool_operator.api import (
     API_VERSION,
     HUB_TOKEN_ENV,
@@ -74,7 +75,6 @@ VLLM_API_KEY_KEY = "vllm-api-key"  # the router's key toward producers and consu
 CHANNEL_KEY_KEY = "channel-key"  # the pool key: rdma messages, shared-volume entries
 INTERNAL_KEYS = (VLLM_API_KEY_KEY, CHANNEL_KEY_KEY)
 # The router's copy of VLLM_API_KEY (RouterSettings.backend_api_key).
-ROUTER_BACKEND_KEY_ENV = "ENCODERPOOL_ROUTER_BACKEND_API_KEY"
 # Where the router pods see the client tokens (spec.router.auth): a Secret volume, so
 # Kubernetes updates the file when the Secret changes (a subPath mount would not be).
 CLIENT_TOKENS_DIR = "/etc/encoderpool/client-tokens"
@@ -660,8 +660,6 @@ ROUTER_RESOURCES = {
     "requests": {"cpu": "250m", "memory": "256Mi"},
     "limits": {"cpu": "2", "memory": "2Gi"},
 }
-# The router's Services must be controlled by this pool (RouterSettings.pool_uid).
-ROUTER_POOL_UID_ENV = "ENCODERPOOL_ROUTER_POOL_UID"
 
 
 def router_services(pool: EncoderPool) -> list[str]:
@@ -680,24 +678,12 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
         "name": "router",
         "image": router.image or defaults.router_image,
         "command": ["python", "-m", "encoderpool_router"],
-        "args": [
-            *_router_producers(pool),
-            "--consumer-service",
-            name_of(pool, CONSUMER),
-            "--namespace",
-            pool.namespace,
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(HTTP_PORT),
-            "--metrics-port",
-            str(ROUTER_METRICS_PORT),
-        ],
+        "args": router_args(pool).argv(),
         # Its key toward producers and consumers; the client's Authorization never passes.
         # An env (not a flag) for the pool's uid: a router older than it ignores it.
         "env": [
-            _internal_key(pool, ROUTER_BACKEND_KEY_ENV, VLLM_API_KEY_KEY),
-            {"name": ROUTER_POOL_UID_ENV, "value": pool.metadata["uid"]},
+            _internal_key(pool, BACKEND_API_KEY_ENV, VLLM_API_KEY_KEY),
+            {"name": POOL_UID_ENV, "value": pool.metadata["uid"]},
         ],
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
@@ -712,30 +698,9 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
         "readinessProbe": _http_probe(period=5, failures=3),
         "livenessProbe": _http_probe(period=15, failures=4, path="/livez"),
     }
-    if router.trust_client_media_ids:
-        container["args"] += ["--trust-client-media-ids", "true"]
-    if router.trust_request_mm_kwargs:
-        container["args"] += ["--trust-request-mm-kwargs", "true"]
-    if router.consumer_policy == "MediaAffinity":  # LeastBusy is the router's own default
-        container["args"] += ["--consumer-policy", "media-affinity"]
-    media = pool.spec.model.media
-    if media.allowed_domains:
-        container["args"] += ["--allowed-media-domains", ",".join(media.allowed_domains)]
-    if media.allow_private_addresses:
-        container["args"] += ["--allow-private-media", "true"]
-    if pool.spec.model.limit_mm_per_prompt:  # refused at the router, before any fan-out
-        limits = json.dumps(dict(pool.spec.model.limit_mm_per_prompt), sort_keys=True)
-        container["args"] += ["--limit-mm-per-prompt", limits]
-    if pool.spec.connector.shared_volume is not None:
-        # A file stays on the volume after a producer wrote it, so repeats of a
-        # recently encoded item can skip the producer's round trip (~12 ms on a
-        # CPU); an entry evicted meanwhile is only a miss: the consumer encodes.
-        # Not for rdma: consumers need the producer's transfer coordinates.
-        container["args"] += ["--reuse-encoded-s", str(ROUTER_REUSE_SECONDS)]
     volumes: list[dict[str, Any]] = []
     if router.auth is not None:
         ref = router.auth.bearer_token_secret
-        container["args"] += ["--auth-token-file", f"{CLIENT_TOKENS_DIR}/{CLIENT_TOKENS_FILE}"]
         container["volumeMounts"] = [
             {"name": "client-tokens", "mountPath": CLIENT_TOKENS_DIR, "readOnly": True}
         ]
@@ -798,14 +763,42 @@ def router_objects(pool: EncoderPool, defaults: Defaults) -> list[dict[str, Any]
     ]
 
 
-def _router_producers(pool: EncoderPool) -> list[str]:
-    """Where the router finds producers: one Service, or each modality's group's Service
-    (a modality in no group is left to the consumers)."""
+def router_args(pool: EncoderPool) -> RouterArgs:
+    """The router's flags, as the contract both images share (``RouterArgs``); only what
+    differs from the router's own defaults is set."""
+    router, model = pool.spec.router, pool.spec.model
     groups = pool.spec.producer_groups
-    if not groups:
-        return ["--producer-service", name_of(pool, PRODUCER)]
-    services = {m: name_of(pool, group_component(g)) for g in groups for m in g.modalities}
-    return ["--producer-services-by-modality", json.dumps(services, sort_keys=True)]
+    return RouterArgs(
+        # Where it finds producers: one Service, or each modality's group's Service (a
+        # modality in no group is left to the consumers).
+        producer_service=None if groups else name_of(pool, PRODUCER),
+        producer_services_by_modality=(
+            {m: name_of(pool, group_component(g)) for g in groups for m in g.modalities}
+            if groups
+            else None
+        ),
+        consumer_service=name_of(pool, CONSUMER),
+        namespace=pool.namespace,
+        host="0.0.0.0",
+        port=HTTP_PORT,
+        metrics_port=ROUTER_METRICS_PORT,
+        trust_client_media_ids=router.trust_client_media_ids or None,
+        trust_request_mm_kwargs=router.trust_request_mm_kwargs or None,
+        # LeastBusy is the router's own default.
+        consumer_policy="media-affinity" if router.consumer_policy == "MediaAffinity" else None,
+        allowed_media_domains=tuple(model.media.allowed_domains) or None,
+        allow_private_media=model.media.allow_private_addresses or None,
+        # Refused at the router, before any fan-out.
+        limit_mm_per_prompt=dict(model.limit_mm_per_prompt) or None,
+        # A file stays on the volume after a producer wrote it, so repeats of a recently
+        # encoded item can skip the producer's round trip (~12 ms on a CPU); an entry
+        # evicted meanwhile is only a miss: the consumer encodes. Not for rdma: consumers
+        # need the producer's transfer coordinates.
+        reuse_encoded_s=ROUTER_REUSE_SECONDS if pool.spec.connector.shared_volume else None,
+        auth_token_file=(
+            f"{CLIENT_TOKENS_DIR}/{CLIENT_TOKENS_FILE}" if router.auth is not None else None
+        ),
+    )
 
 
 def _role_binding(pool: EncoderPool, name: str, component: str) -> dict[str, Any]:

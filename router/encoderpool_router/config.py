@@ -25,7 +25,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-ENV_PREFIX = "ENCODERPOOL_ROUTER_"
+from encoderpool_contracts.router_args import ENV_PREFIX, flag
+
 # Service names are DNS-1035 labels; namespaces DNS-1123 labels (Kubernetes' rules).
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -382,10 +383,6 @@ def backend_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Flags mirror the settings' fields one to one (``--producer-timeout-s`` ...)."""
     parser = argparse.ArgumentParser(
@@ -396,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, info in RouterSettings.model_fields.items():
         extra = " (comma-separated)" if name in ("producers", "consumers") else ""
         parser.add_argument(
-            _flag(name),
+            flag(name),
             dest=name,
             default=None,
             metavar=name.upper(),
@@ -412,7 +409,7 @@ def format_error(e: ValidationError) -> str:
         loc = [str(p) for p in err["loc"]]
         msg = err["msg"].removeprefix("Value error, ")
         if loc:
-            lines.append(f"{_flag(loc[0])} ({ENV_PREFIX}{loc[0].upper()}): {msg}")
+            lines.append(f"{flag(loc[0])} ({ENV_PREFIX}{loc[0].upper()}): {msg}")
         else:
             lines.append(msg)
     return "invalid router settings:\n  " + "\n  ".join(lines)

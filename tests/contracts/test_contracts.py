@@ -89,3 +89,42 @@ def test_the_contracts_import_neither_torch_nor_vllm() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_router_args_are_router_settings_and_parse_back_to_the_same_values() -> None:
+    """What the operator writes (``RouterArgs.argv``) the router parses, field by field:
+    one name per flag on both sides, and every value survives the trip."""
+    from encoderpool_contracts.router_args import RouterArgs
+    from encoderpool_router.config import RouterSettings, parse_settings
+
+    assert set(RouterArgs.model_fields) <= set(RouterSettings.model_fields)
+    full = RouterArgs(
+        producer_services_by_modality={"image": "p-images", "video": "p-video"},
+        consumer_service="p-consumer",
+        namespace="ml",
+        host="0.0.0.0",  # noqa: S104 - the pod's address
+        port=8000,
+        metrics_port=9090,
+        trust_client_media_ids=True,
+        trust_request_mm_kwargs=True,
+        consumer_policy="media-affinity",
+        allowed_media_domains=("a.example", "b.example"),
+        allow_private_media=True,
+        limit_mm_per_prompt={"image": 2, "video": 1},
+        reuse_encoded_s=60,
+        auth_token_file="/etc/tokens",
+    )
+    assert set(full.model_fields_set) == set(RouterArgs.model_fields) - {"producer_service"}
+    parsed = parse_settings(full.argv())
+    for name in full.model_fields_set:
+        want = getattr(full, name)
+        got = getattr(parsed, name)
+        assert (str(got) if name == "auth_token_file" else got) == want, name
+    # Unset fields are not rendered: the router's defaults apply.
+    minimal = RouterArgs(
+        consumer_service="c", namespace="ml", host="h", port=1, metrics_port=2
+    ).argv()
+    assert minimal == [
+        "--consumer-service", "c", "--namespace", "ml", "--host", "h",
+        "--port", "1", "--metrics-port", "2",
+    ]  # fmt: skip
