@@ -54,6 +54,9 @@ def base_env(cpu: str | None = None) -> dict[str, str]:
         VLLM_TARGET_DEVICE="cpu",
         PYTHONUNBUFFERED="1",
     )
+    # One hash seed for an engine's spawned workers, as the operator renders for TP > 1
+    # pods (render.hash_seed): vLLM orders the start-up width measurement by a set.
+    env.setdefault("PYTHONHASHSEED", "0")
     paths = [str(REPO / p) for p in ("contracts", "connector", "operator")] + [str(REPO)]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])

@@ -410,6 +410,22 @@ def _rdma_bits(pool: EncoderPool) -> tuple[dict[str, str], list[dict[str, Any]],
     return annotations, env, extra
 
 
+def hash_seed(pool: EncoderPool) -> str:
+    """One string-hash seed for every process of a tensor-parallel pod.
+
+    vLLM 0.32 measures an EC producer's encoder output widths at start-up by encoding
+    one dummy item per modality on every rank, iterating a *set* of modalities
+    (``MultiModalBudget``). Its workers are spawned, so each has its own hash seed and
+    may walk the modalities in another order: the ranks' collectives then mismatch and
+    the engine fails to start (seen with TP 2 and Qwen2-VL's image and video). A seed
+    shared by the pod's processes fixes the order. It is derived from the pool's uid,
+    which no client can read, rather than a constant, so that no client can compute
+    colliding dict keys for vLLM's JSON parsing.
+    """
+    digest = hashlib.sha256(f"encoderpool-hash-seed/{pool.metadata['uid']}".encode()).digest()
+    return str(int.from_bytes(digest[:4], "big"))
+
+
 def vllm_deployment(
     pool: EncoderPool,
     role: str,
@@ -430,6 +446,8 @@ def vllm_deployment(
             resources[key] = {**resources.get(key, {}), **rdma_resources}
     env = _model_env(pool)
     env += rdma_env
+    if role_spec.tensor_parallel_size > 1:
+        env.append({"name": "PYTHONHASHSEED", "value": hash_seed(pool)})
     env += [
         # With the guard in vllm_args, every route but /health and /metrics needs this
         # key: only the router has it (and the user's own proxy when the router is off).
@@ -937,6 +955,12 @@ def width_job(pool: EncoderPool, identity: ModelIdentity, key: str) -> dict[str,
             *_model_env(pool),
             {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
             {"name": "HOME", "value": "/home/vllm"},
+            # It measures as a TP producer does (see hash_seed).
+            *(
+                [{"name": "PYTHONHASHSEED", "value": hash_seed(pool)}]
+                if identity.tensor_parallel_size > 1
+                else []
+            ),
         ],
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},

@@ -219,6 +219,13 @@ def test_tensor_parallel_roles_and_a_width_job_with_the_producers_parallelism() 
     c = job["spec"]["template"]["spec"]["containers"][0]
     assert parse_args(c["args"][2:]).tensor_parallel_size == 2
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
+    # Tensor-parallel pods and the Job share one hash seed per pool (render.hash_seed);
+    # single-rank pods are rendered as before.
+    envs = [c["env"], *(container(objs, r)["env"] for r in ("pool-producer", "pool-consumer"))]
+    seeds = {e["value"] for env in envs for e in env if e["name"] == "PYTHONHASHSEED"}
+    assert seeds == {render.hash_seed(pool)}
+    single = children(load("pool-shared-volume.yaml"))
+    assert all(e["name"] != "PYTHONHASHSEED" for e in container(single, "pool-producer")["env"])
     # Both roles get the producers' identity; a consumer does not compare its own TP.
     for role in ("pool-producer", "pool-consumer"):
         ec = json.loads(flag(container(objs, role)["args"], "--ec-transfer-config"))

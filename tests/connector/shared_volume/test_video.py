@@ -78,10 +78,13 @@ class VideoPool:
 @pytest.fixture(scope="module")
 def video_pool(monolithic: VllmServer, sv_servers: SvServers) -> Iterator[VideoPool]:
     producer, consumer = sv_servers.producer, sv_servers.consumer
+    # The servers take per-request media kwargs (--trust-request-mm-kwargs): so does the
+    # router, else it refuses them as vLLM does by default.
     router = RouterProcess(
-        ["--producers", producer.url, "--consumers", consumer.url],
+        ["--producers", producer.url, "--consumers", consumer.url,
+         "--trust-request-mm-kwargs", "true"],
         sv_servers.root.parent / "video-router.log",
-    ).start()
+    ).start()  # fmt: skip
     try:
         yield VideoPool(
             monolithic, producer, consumer, router, sv_servers.root, sv_servers.fingerprint
