@@ -34,7 +34,8 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 def _faults(env: dict[str, str]) -> tuple[str, int]:
     out = subprocess.run(
         [sys.executable, "-c", _FAULTS],
-        env={**env, "PYTHONPATH": str(ROOT / "router")},
+        # The router image's packages: the router and the contracts it imports.
+        env={**env, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("contracts", "router"))},
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     return out[0], int(out[1])
