@@ -28,6 +28,12 @@ from encoderpool_contracts import (
     configmap_name,
 )
 from encoderpool_contracts import API_GUARD_MIDDLEWARE as API_GUARD
+from encoderpool_contracts.pod import (
+    CONNECTOR_CLASSES,
+    HTTP_PORT,
+    MEASURE_MODULE,
+    ROUTER_METRICS_PORT,
+)
 from encoderpool_contracts.router_args import BACKEND_API_KEY_ENV, POOL_UID_ENV, RouterArgs
 from encoderpool_operator.api import (
     API_VERSION,
@@ -39,15 +45,6 @@ from encoderpool_operator.api import (
     RoleSpec,
 )
 
-# Out-of-tree connector classes, one per transport (a unique name each: vLLM's
-# factory looks its built-ins up first).
-CONNECTOR_MODULES = {
-    "sharedVolume": ("EncoderPoolSharedVolumeConnector", "encoderpool_connector.shared_volume"),
-    "rdma": ("EncoderPoolNixlConnector", "encoderpool_connector.rdma"),
-}
-HTTP_PORT = 8000
-# The router serves /metrics here, apart from the client port (scrapers never need the API).
-ROUTER_METRICS_PORT = 9090
 ROUTER_REUSE_SECONDS = 60
 LABEL_POOL = "encoderpool.io/pool"
 LABEL_COMPONENT = "app.kubernetes.io/component"
@@ -342,7 +339,7 @@ def restrict(pod_spec: dict[str, Any], vllm_security: Mapping[str, Any]) -> None
 
 def ec_transfer_config(pool: EncoderPool, config: ConnectorConfig, role: str) -> str:
     """The ``--ec-transfer-config`` JSON; producer and consumer differ only in ec_role."""
-    connector, module = CONNECTOR_MODULES[config.transport]
+    connector, module = CONNECTOR_CLASSES[config.transport]
     return json.dumps(
         {
             "ec_connector": connector,
@@ -919,7 +916,7 @@ def width_report_configmap(
 def measure_args(identity: ModelIdentity, extra_args: tuple[str, ...]) -> list[str]:
     """What the width Job runs: measure this identity, leave the report as termination message."""
     args = [
-        "-m", "encoderpool_connector.measure",
+        "-m", MEASURE_MODULE,
         "--identity", identity.model_dump_json(),
         "--output-file", TERMINATION_LOG,
     ]  # fmt: skip
