@@ -1,0 +1,253 @@
+"""Prometheus and KEDA in the kind cluster, as a platform team runs them beside a pool.
+
+Both are built here from their Go modules (``e2e/monitoring/build.sh``) into one image
+(``e2e/monitoring/image.sh``). KEDA is installed from the manifests its own module ships
+(``config/``, rendered with ``kubectl kustomize``, only the image names replaced);
+Prometheus from the objects below: one server that scrapes every encoderpool pod and
+labels each series with ``namespace``, ``pod``, ``pool`` and ``component`` — the labels
+the pool's autoscaling queries select by (docs/autoscaling.md shows the same scrape
+configuration for a cluster's own Prometheus).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from e2e.kind.cluster import ROOT, KindCluster, key_values, run
+
+MONITORING_DIR = ROOT / "e2e" / "monitoring"
+PROMETHEUS_NS = "monitoring"
+KEDA_NS = "keda"
+PROMETHEUS_PORT = 9090
+# How often the test bed's Prometheus scrapes: short, so a test sees load within seconds.
+SCRAPE_INTERVAL = "5s"
+
+SCRAPE_CONFIG: dict[str, Any] = {
+    "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
+    "scrape_configs": [
+        {
+            "job_name": "encoderpool",
+            "kubernetes_sd_configs": [{"role": "pod"}],
+            "relabel_configs": [
+                {
+                    "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+                    "regex": "encoderpool",
+                    "action": "keep",
+                },
+                # vLLM serves /metrics on its API port; the router on a port of its own.
+                {
+                    "source_labels": [
+                        "__meta_kubernetes_pod_label_app_kubernetes_io_component",
+                        "__meta_kubernetes_pod_container_port_name",
+                    ],
+                    "regex": "(router;metrics|producer(-.+)?;http|consumer;http)",
+                    "action": "keep",
+                },
+                {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                {
+                    "source_labels": ["__meta_kubernetes_pod_label_encoderpool_io_pool"],
+                    "target_label": "pool",
+                },
+                {
+                    "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"],
+                    "target_label": "component",
+                },
+            ],
+        }
+    ],
+}
+
+
+def build_image(env: Mapping[str, str]) -> str:
+    """The monitoring image (built, or found cached by content)."""
+    out = key_values(run([MONITORING_DIR / "image.sh"], env=env, timeout=5400).stdout)
+    return out["MONITORING_IMAGE"]
+
+
+def prometheus_objects(image: str) -> list[dict[str, Any]]:
+    """A single Prometheus server with read access to pods, restricted like our own pods."""
+    meta = {"name": "prometheus", "namespace": PROMETHEUS_NS}
+    labels = {"app.kubernetes.io/name": "prometheus"}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "encoderpool-test-prometheus"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "encoderpool-test-prometheus"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "encoderpool-test-prometheus",
+            },
+            "subjects": [{"kind": "ServiceAccount", **meta}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta,
+            "data": {"prometheus.yml": json.dumps(SCRAPE_CONFIG, indent=1)},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {**meta, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": "prometheus",
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "runAsUser": 65532,
+                            "fsGroup": 65532,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "containers": [
+                            {
+                                "name": "prometheus",
+                                "image": image,
+                                "command": ["/prometheus"],
+                                "args": [
+                                    "--config.file=/etc/prometheus/prometheus.yml",
+                                    "--storage.tsdb.path=/prometheus",
+                                    "--storage.tsdb.retention.time=2h",
+                                    f"--web.listen-address=:{PROMETHEUS_PORT}",
+                                ],
+                                "ports": [{"name": "http", "containerPort": PROMETHEUS_PORT}],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/-/ready", "port": PROMETHEUS_PORT},
+                                    "periodSeconds": 2,
+                                },
+                                "resources": {
+                                    "requests": {"cpu": "100m", "memory": "128Mi"},
+                                    "limits": {"memory": "1Gi"},
+                                },
+                                "securityContext": {
+                                    "allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]},
+                                },
+                                "volumeMounts": [
+                                    {"name": "config", "mountPath": "/etc/prometheus"},
+                                    {"name": "data", "mountPath": "/prometheus"},
+                                ],
+                            }
+                        ],
+                        "volumes": [
+                            {"name": "config", "configMap": {"name": "prometheus"}},
+                            {"name": "data", "emptyDir": {}},
+                        ],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {**meta, "labels": labels},
+            "spec": {
+                "selector": labels,
+                "ports": [{"name": "http", "port": PROMETHEUS_PORT, "targetPort": PROMETHEUS_PORT}],
+            },
+        },
+    ]
+
+
+# What an autoscaler in the cluster names as its Prometheus.
+PROMETHEUS_ADDRESS = f"http://prometheus.{PROMETHEUS_NS}.svc:{PROMETHEUS_PORT}"
+
+
+def keda_manifests(cluster: KindCluster, image: str) -> str:
+    """KEDA's own install manifests from its module (operator, metrics API server, CRDs,
+    RBAC; without its admission webhooks), with our image in place of its registry's."""
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "GOWORK": "off"}
+    version = key_values((MONITORING_DIR / "versions.env").read_text())["KEDA_VERSION"]
+    proc = run(
+        ["go", "mod", "download", "-json", f"github.com/kedacore/keda/v2@v{version}"],
+        env=env,
+        timeout=900,
+    )
+    module = Path(json.loads(proc.stdout)["Dir"])
+    repo, tag = image.rsplit(":", 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(module / "config", Path(tmp) / "config")
+        overlay = Path(tmp) / "overlay"
+        overlay.mkdir()
+        images = [
+            {"name": name, "newName": repo, "newTag": tag}
+            for name in ("ghcr.io/kedacore/keda", "ghcr.io/kedacore/keda-metrics-apiserver")
+        ]
+        (overlay / "kustomization.yaml").write_text(
+            json.dumps({"resources": ["../config/minimal"], "images": images})
+        )
+        return cluster.kubectl("kustomize", str(overlay), timeout=300)
+
+
+def install(cluster: KindCluster, image: str) -> None:
+    """Prometheus, then KEDA; returns when both serve (KEDA: the external metrics API)."""
+    cluster.namespace(PROMETHEUS_NS)
+    cluster.apply(prometheus_objects(image))
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=keda_manifests(cluster, image))
+    for ns, deploy in (
+        (PROMETHEUS_NS, "prometheus"),
+        (KEDA_NS, "keda-operator"),
+        (KEDA_NS, "keda-metrics-apiserver"),
+    ):
+        cluster.kubectl(
+            "-n", ns, "rollout", "status", f"deployment/{deploy}", "--timeout=600s", timeout=660
+        )
+    cluster.kubectl(
+        "wait",
+        "--for=condition=Available",
+        "apiservice/v1beta1.external.metrics.k8s.io",
+        "--timeout=300s",
+        timeout=330,
+    )
+
+
+@contextmanager
+def prometheus(cluster: KindCluster) -> Iterator[Prometheus]:
+    """The test bed's Prometheus, through a port-forward on 127.0.0.1."""
+    with cluster.port_forward(PROMETHEUS_NS, "service/prometheus", PROMETHEUS_PORT) as url:
+        yield Prometheus(url)
+
+
+class Prometheus:
+    """The HTTP query API, nothing more."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """An instant query's result vector; raises on a query Prometheus refuses."""
+        q = urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{q}", timeout=30) as resp:
+            body = json.load(resp)
+        if body.get("status") != "success":
+            raise RuntimeError(f"Prometheus refused {promql!r}: {body}")
+        return list(body["data"]["result"])
+
+    def value(self, promql: str) -> float | None:
+        """The single value of a query that sums to one series, or None if it has none."""
+        result = self.query(promql)
+        return float(result[0]["value"][1]) if result else None

@@ -1,0 +1,184 @@
+"""Encoder demand, as the producers' autoscaler reads it, and where each item is encoded.
+
+The router is the one place that sees every media item, wherever it is encoded, so it
+exports the producers' scaling signal (names in ``encoderpool_contracts.signals``):
+
+- the time integral of items in flight to each producer group. Its rate over a window
+  is the mean number of items in flight then (Little's law): the encoder seconds per
+  second asked of the group, exact whatever the scrape interval, where a gauge sampled
+  every 15 s would see bursts or miss them;
+- the items that wanted a producer but found none ready (the group at zero or all
+  ejected): the consumer encoded them, and their rate wakes the group.
+
+``decide`` is the dispatch decision: with ``when-faster`` an item goes to a producer
+only when that is expected to cost less than the consumer encoding it. Encoding on the
+consumer runs inside its engine step, so it delays this request and every request the
+consumer is running by one encode; on a producer it waits behind the producer's queue,
+plus the hop. Both in units of one encode: remote pays when the producer's queue per
+replica is shorter than the consumer's load.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from encoderpool_contracts.signals import (
+    DISPATCH_DECISIONS,
+    ENCODER_INFLIGHT_ITEMS,
+    ENCODER_INFLIGHT_SECONDS,
+    ENCODER_UNSERVED_ITEMS,
+    LABEL_GROUP,
+)
+
+DispatchPolicy = Literal["always", "when-faster"]
+DISPATCH_POLICIES: tuple[DispatchPolicy, ...] = ("always", "when-faster")
+Target = Literal["producer", "consumer"]
+# Why an item went where it went (the ``reason`` label; pre-created for dashboards).
+REASONS: dict[str, Target] = {
+    "always": "producer",  # --dispatch always, a producer ready
+    "consumer_busy": "producer",  # when-faster: the producers' queue is the shorter
+    "consumer_idle": "consumer",  # when-faster: nothing else on the consumer to delay
+    "producers_busy": "consumer",  # when-faster: the producers' queue is the longer
+    "no_producer": "consumer",  # no producer of the group ready (at zero, or ejected)
+}
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    to: Target
+    reason: str
+
+
+def decide(
+    policy: DispatchPolicy, producers_ready: int, producer_backlog: int, consumer_load: int
+) -> Dispatch:
+    """Where one item is encoded.
+
+    ``producer_backlog``: items in flight to the group; ``consumer_load``: requests in
+    flight on the consumer this request goes to, plus the items of this request already
+    left to it (each one it encodes delays the others).
+    """
+    if producers_ready <= 0:
+        return Dispatch("consumer", "no_producer")
+    if policy == "always":
+        return Dispatch("producer", "always")
+    per_replica = producer_backlog / producers_ready
+    if per_replica < consumer_load:
+        return Dispatch("producer", "consumer_busy")
+    return Dispatch("consumer", "consumer_idle" if consumer_load == 0 else "producers_busy")
+
+
+class _Group:
+    __slots__ = ("in_flight", "integral", "since", "unserved")
+
+    def __init__(self, now: float) -> None:
+        self.in_flight = 0
+        self.integral = 0.0
+        self.since = now
+        self.unserved = 0
+
+
+class EncoderDemand(Collector):
+    """Items in flight per producer group, their time integral, and unserved items.
+
+    Thread-safe (the EndpointSlice watchers and the event loop both read it); the
+    integral is brought up to date on every change and every scrape, so a scrape in the
+    middle of a long encode counts the seconds already spent.
+    """
+
+    def __init__(
+        self,
+        groups: Iterable[str],
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        now = clock()
+        self._groups = {g: _Group(now) for g in groups}
+        self._decisions: dict[tuple[str, str], int] = {
+            (g, r): 0 for g in self._groups for r in REASONS
+        }
+        if registry is not None:
+            registry.register(self)
+
+    def _group(self, group: str) -> _Group:
+        g = self._groups.get(group)
+        if g is None:  # a group the router learnt later (its spec changed): count it too
+            g = self._groups[group] = _Group(self._clock())
+            for r in REASONS:
+                self._decisions[(group, r)] = 0
+        return g
+
+    def _advance(self, g: _Group) -> None:
+        now = self._clock()
+        g.integral += g.in_flight * (now - g.since)
+        g.since = now
+
+    def in_flight(self, group: str) -> int:
+        with self._lock:
+            return self._group(group).in_flight
+
+    @contextmanager
+    def track(self, group: str) -> Iterator[None]:
+        """One item in flight to ``group`` for the duration of the block."""
+        with self._lock:
+            g = self._group(group)
+            self._advance(g)
+            g.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._advance(g)
+                g.in_flight -= 1
+
+    def record(self, group: str, dispatch: Dispatch) -> None:
+        """Count a decision; one that found no producer is unserved demand too."""
+        with self._lock:
+            g = self._group(group)
+            self._decisions[(group, dispatch.reason)] += 1
+            if dispatch.reason == "no_producer":
+                g.unserved += 1
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            ENCODER_INFLIGHT_ITEMS,
+            "Media items in flight to each producer group.",
+            labels=[LABEL_GROUP],
+        )
+        seconds = CounterMetricFamily(
+            ENCODER_INFLIGHT_SECONDS.removesuffix("_total"),
+            "Time integral of media items in flight to each producer group: its rate is "
+            "the mean number in flight (encoder seconds per second asked of the group).",
+            labels=[LABEL_GROUP],
+        )
+        unserved = CounterMetricFamily(
+            ENCODER_UNSERVED_ITEMS.removesuffix("_total"),
+            "Media items that found no producer of their group ready (the consumer encoded "
+            "them): demand that wakes a group scaled to zero.",
+            labels=[LABEL_GROUP],
+        )
+        decisions = CounterMetricFamily(
+            DISPATCH_DECISIONS.removesuffix("_total"),
+            "Where each media item was sent to be encoded, and why.",
+            labels=[LABEL_GROUP, "to", "reason"],
+        )
+        with self._lock:
+            for name, g in self._groups.items():
+                self._advance(g)
+                gauge.add_metric([name], g.in_flight)
+                seconds.add_metric([name], g.integral)
+                unserved.add_metric([name], g.unserved)
+            for (name, reason), n in self._decisions.items():
+                decisions.add_metric([name, REASONS[reason], reason], n)
+        yield from (gauge, seconds, unserved, decisions)

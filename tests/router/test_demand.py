@@ -1,0 +1,89 @@
+"""The encoder-demand signal and the dispatch decision, on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from encoderpool_contracts.signals import (
+    DISPATCH_DECISIONS,
+    ENCODER_INFLIGHT_ITEMS,
+    ENCODER_INFLIGHT_SECONDS,
+    ENCODER_UNSERVED_ITEMS,
+)
+from encoderpool_router.demand import REASONS, Dispatch, EncoderDemand, decide
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    value = registry.get_sample_value(name, labels)
+    return value
+
+
+def test_integral_is_the_time_in_flight_even_mid_encode() -> None:
+    clock, reg = Clock(), CollectorRegistry()
+    demand = EncoderDemand(["", "video"], registry=reg, clock=clock)
+    with demand.track(""):
+        clock.now += 2.0
+        with demand.track(""):
+            clock.now += 1.0
+            # a scrape in the middle counts what was already spent: 2 s x 1 + 1 s x 2
+            assert sample(reg, ENCODER_INFLIGHT_SECONDS, group="") == pytest.approx(4.0)
+            assert sample(reg, ENCODER_INFLIGHT_ITEMS, group="") == 2
+        clock.now += 1.0
+    clock.now += 10.0  # nothing in flight: the integral stays
+    assert sample(reg, ENCODER_INFLIGHT_SECONDS, group="") == pytest.approx(5.0)
+    assert sample(reg, ENCODER_INFLIGHT_ITEMS, group="") == 0
+    assert sample(reg, ENCODER_INFLIGHT_SECONDS, group="video") == 0
+
+
+def test_an_item_that_fails_still_leaves_the_count() -> None:
+    clock = Clock()
+    demand = EncoderDemand([""], clock=clock)
+    with pytest.raises(RuntimeError), demand.track(""):
+        raise RuntimeError("producer failed")
+    assert demand.in_flight("") == 0
+
+
+def test_unserved_items_and_decisions_are_counted_with_zeros_precreated() -> None:
+    reg = CollectorRegistry()
+    demand = EncoderDemand(["image"], registry=reg)
+    text = generate_latest(reg).decode()
+    for reason, to in REASONS.items():  # dashboards see zeros, not gaps
+        assert f'{DISPATCH_DECISIONS}{{group="image",reason="{reason}",to="{to}"}} 0.0' in text
+    demand.record("image", Dispatch("consumer", "no_producer"))
+    demand.record("image", Dispatch("producer", "always"))
+    assert sample(reg, ENCODER_UNSERVED_ITEMS, group="image") == 1
+    assert sample(reg, DISPATCH_DECISIONS, group="image", to="producer", reason="always") == 1
+
+
+def test_a_group_learnt_later_is_counted() -> None:
+    reg = CollectorRegistry()
+    demand = EncoderDemand([], registry=reg)
+    demand.record("audio", Dispatch("consumer", "no_producer"))
+    assert sample(reg, ENCODER_UNSERVED_ITEMS, group="audio") == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "ready", "backlog", "load", "expected"),
+    [
+        ("always", 0, 0, 5, Dispatch("consumer", "no_producer")),
+        ("when-faster", 0, 0, 5, Dispatch("consumer", "no_producer")),
+        ("always", 1, 9, 0, Dispatch("producer", "always")),
+        # an idle consumer delays nobody: no hop for image-light traffic
+        ("when-faster", 2, 0, 0, Dispatch("consumer", "consumer_idle")),
+        # a busy consumer: the producers' queue per replica is shorter
+        ("when-faster", 2, 2, 2, Dispatch("producer", "consumer_busy")),
+        ("when-faster", 1, 2, 2, Dispatch("consumer", "producers_busy")),
+        ("when-faster", 4, 7, 2, Dispatch("producer", "consumer_busy")),
+    ],
+)
+def test_decide(policy: str, ready: int, backlog: int, load: int, expected: Dispatch) -> None:
+    assert decide(policy, ready, backlog, load) == expected  # type: ignore[arg-type]
