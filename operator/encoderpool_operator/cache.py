@@ -38,12 +38,25 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from encoderpool_contracts import CONFIGMAP_PREFIX
-from encoderpool_operator import render
 from encoderpool_operator.api import API_VERSION, GROUP, KIND
+from encoderpool_operator.naming import (
+    CHILD_KINDS,
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_POOL,
+    MANAGED_BY,
+    REPORT_COMPONENT,
+    Ref,
+)
 
-# (namespace, name) of a pool; (apiVersion, kind, name) of an object in its namespace.
+# (namespace, name) of a pool.
 PoolKey = tuple[str, str]
-Ref = tuple[str, str, str]
+# What a pass reads, cached: the pool's children, its width Jobs, the report ConfigMaps.
+CACHED_KINDS: tuple[tuple[str, str], ...] = (
+    *CHILD_KINDS,
+    ("batch/v1", "Job"),
+    ("v1", "ConfigMap"),
+)
 T = TypeVar("T")
 
 # Index keys: ("name", namespace, name) for every object, ("pool", namespace, pool)
@@ -57,7 +70,6 @@ _DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 # is ~50 KiB (its owners are kept as uids only).
 MAX_ENTRY_BYTES = 256 * 1024
 MAX_CHILDREN_PER_POOL = 64
-REPORT_COMPONENT = "width-report"  # the component label of report ConfigMaps (render)
 log = logging.getLogger("encoderpool_operator.cache")
 
 
@@ -88,8 +100,8 @@ def claimed_pool(meta: Mapping[str, Any]) -> str | None:
     Only a claim: the uid is checked by the pass (its pool's), and anyone who may write
     in the namespace can make one, which is why claims are bounded."""
     labels = meta.get("labels") or {}
-    pool = labels.get(render.LABEL_POOL)
-    if labels.get(render.LABEL_MANAGED_BY) != render.MANAGED_BY or not pool:
+    pool = labels.get(LABEL_POOL)
+    if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or not pool:
         return None
     for ref in meta.get("ownerReferences") or []:
         if (
@@ -107,8 +119,8 @@ def _is_report(meta: Mapping[str, Any]) -> bool:
     the rest: the report key and the data's digest)."""
     labels = meta.get("labels") or {}
     return (
-        labels.get(render.LABEL_MANAGED_BY) == render.MANAGED_BY
-        and labels.get(render.LABEL_COMPONENT) == REPORT_COMPONENT
+        labels.get(LABEL_MANAGED_BY) == MANAGED_BY
+        and labels.get(LABEL_COMPONENT) == REPORT_COMPONENT
     )
 
 
@@ -407,7 +419,7 @@ class PassView:
     def list(
         self, api_version: str, kind: str, namespace: str, label_selector: str = ""
     ) -> Sequence[Mapping[str, Any]]:
-        pool_term = f"{render.LABEL_POOL}={self.pool_key[1]}"
+        pool_term = f"{LABEL_POOL}={self.pool_key[1]}"
         if (
             namespace != self.pool_key[0]
             or not self.cache.cached(api_version, kind)

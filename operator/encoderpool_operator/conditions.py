@@ -34,11 +34,6 @@ def find_condition(conditions: Sequence[Condition], type_: str) -> Condition | N
     return next((c for c in conditions if c.type == type_), None)
 
 
-def is_true(conditions: Sequence[Condition], type_: str) -> bool:
-    found = find_condition(conditions, type_)
-    return found is not None and found.status == "True"
-
-
 def set_condition(
     conditions: Sequence[Condition], new: ConditionUpdate, now: datetime
 ) -> tuple[Condition, ...]:

@@ -16,8 +16,9 @@ from typing import Any
 from urllib.parse import urlencode
 
 FIELD_MANAGER = "encoderpool-operator"
-# Every request's (connect, read) timeout: a pass holds its pool's lock while it talks
-# to the API server, so a call that hangs must fail (kopf retries the pass) instead.
+# Every request's (connect, read) timeout: a pass holds its pool's place in the work
+# queue while it talks to the API server, so a call that hangs must fail (the queue
+# retries the pass with back-off) instead.
 REQUEST_TIMEOUT = (5.0, 30.0)
 
 # (apiVersion, kind) -> plural: everything the operator reads or writes.

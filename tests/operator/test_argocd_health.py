@@ -14,7 +14,7 @@ import yaml
 
 from encoderpool_operator.conditions import PROBLEM_REASONS
 from encoderpool_operator.reconcile.plan import plan
-from tests.operator.test_plan import (
+from tests.operator.fixtures import (
     DEFAULTS,
     NOW,
     live_children,

@@ -9,14 +9,12 @@ from typing import Any
 import pytest
 
 from encoderpool_contracts import CONFIGMAP_PREFIX
-from encoderpool_operator import render
 from encoderpool_operator.api import API_VERSION, KIND
 from encoderpool_operator.cache import (
     BY_NAME,
     BY_POOL,
     MAX_CHILDREN_PER_POOL,
     MAX_ENTRY_BYTES,
-    REPORT_COMPONENT,
     SKIPPED,
     Cache,
     Overlay,
@@ -25,14 +23,21 @@ from encoderpool_operator.cache import (
     index_entries,
     pack,
 )
+from encoderpool_operator.naming import (
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_POOL,
+    MANAGED_BY,
+    REPORT_COMPONENT,
+)
 
 NS, POOL = "ns", "tiny"
-MINE = {"app.kubernetes.io/managed-by": render.MANAGED_BY, render.LABEL_POOL: POOL}
+MINE = {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_POOL: POOL}
 POOL_REF = {"apiVersion": API_VERSION, "kind": KIND, "name": POOL, "uid": "u1", "controller": True}
 REPORT = f"{CONFIGMAP_PREFIX}0123456789abcdef"
 REPORT_LABELS = {
-    render.LABEL_MANAGED_BY: render.MANAGED_BY,
-    render.LABEL_COMPONENT: REPORT_COMPONENT,
+    LABEL_MANAGED_BY: MANAGED_BY,
+    LABEL_COMPONENT: REPORT_COMPONENT,
 }
 
 
@@ -216,7 +221,7 @@ def test_a_pass_view_reads_the_cache_in_the_loop_and_records_what_it_wrote() -> 
     thread.start()
     try:
         view = PassView(cache, loop, (NS, POOL), NoApi())
-        selector = f"{render.LABEL_POOL}={POOL}"
+        selector = f"{LABEL_POOL}={POOL}"
         (dep,) = view.list("apps/v1", "Deployment", NS, selector)
         assert dep["metadata"]["name"] == "tiny-producer"
         theirs = view.get("v1", "Service", NS, "tiny")
@@ -280,7 +285,7 @@ def test_a_pass_parses_only_its_pool_s_children_and_reads_its_own_stubs_from_the
     thread.start()
     try:
         view = PassView(cache, loop, (NS, POOL), NoApi(), pool_uid="u1")
-        listed = view.list("apps/v1", "Deployment", NS, f"{render.LABEL_POOL}={POOL}")
+        listed = view.list("apps/v1", "Deployment", NS, f"{LABEL_POOL}={POOL}")
         assert [d["metadata"]["name"] for d in listed] == ["tiny-producer"]
         # Someone else's name is a stub, served from the cache (no API read).
         theirs = view.get("apps/v1", "Deployment", NS, "tiny-consumer")

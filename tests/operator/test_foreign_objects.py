@@ -13,9 +13,16 @@ import pytest
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
 from encoderpool_contracts import CONFIGMAP_KEY, CONFIGMAP_PREFIX
-from encoderpool_operator import render
 from encoderpool_operator.api import API_VERSION, KIND, EncoderPool
-from encoderpool_operator.cache import MAX_ENTRY_BYTES, REPORT_COMPONENT
+from encoderpool_operator.cache import MAX_ENTRY_BYTES
+from encoderpool_operator.naming import (
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_POOL,
+    MANAGED_BY,
+    REPORT_COMPONENT,
+)
+from encoderpool_operator.render.widths import report_key, width_report_configmap
 from tests.operator.fixtures import condition, get_json, report_for, sample_pool
 from tests.waiting import wait_until
 
@@ -31,7 +38,7 @@ def _apply(cluster: LocalCluster, namespace: str, *objs: dict[str, Any]) -> None
 def _claim(pool: str, uid: str) -> dict[str, Any]:
     """Metadata that claims ``pool`` as controller: our labels and an EncoderPool owner."""
     return {
-        "labels": {render.LABEL_MANAGED_BY: render.MANAGED_BY, render.LABEL_POOL: pool},
+        "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_POOL: pool},
         "ownerReferences": [
             {"apiVersion": API_VERSION, "kind": KIND, "name": pool, "uid": uid, "controller": True}
         ],
@@ -43,8 +50,8 @@ def seed_report(cluster: LocalCluster, namespace: str, pool: dict[str, Any]) -> 
     meta = {"name": pool["metadata"]["name"], "namespace": namespace, "uid": "seed"}
     parsed = EncoderPool.from_object({**pool, "metadata": meta})
     report = report_for(pool)
-    key = render.report_key(parsed)
-    cm = render.width_report_configmap(parsed, key, report.fingerprint, report.to_configmap_data())
+    key = report_key(parsed)
+    cm = width_report_configmap(parsed, key, report.fingerprint, report.to_configmap_data())
     del cm["metadata"]["ownerReferences"]
     cluster.kubectl("apply", "-f", "-", input=json.dumps(cm))
 
@@ -65,8 +72,8 @@ def test_others_objects_with_our_labels_cost_a_stub_and_block_no_pool(
 ) -> None:
     big = "x" * (MAX_ENTRY_BYTES + 4096)
     report_labels = {
-        render.LABEL_MANAGED_BY: render.MANAGED_BY,
-        render.LABEL_COMPONENT: REPORT_COMPONENT,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_COMPONENT: REPORT_COMPONENT,
     }
     # Before the pool: ConfigMaps with our labels (never kept: not named like a report), a
     # report-named one over the bound and one that is no report at all.

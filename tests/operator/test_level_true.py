@@ -10,17 +10,19 @@ import pytest
 
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
-from encoderpool_operator import render
 from encoderpool_operator.api import MAX_NAME_LENGTH
+from encoderpool_operator.naming import CONSUMER, PRODUCER, ROUTER
 from tests.operator.fixtures import (
+    apply_pool,
     condition,
     get_json,
+    ready_pool,
+    ready_sample_pool,
     report_for,
     running_width_pods,
     sample_pool,
     seed_report,
 )
-from tests.operator.test_operator import apply_pool, ready_pool, ready_sample_pool
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -271,7 +273,7 @@ def test_the_longest_name_measures_and_turns_ready(
     message = report_for(pool).to_termination_message()
     cluster.finish_pod(namespace, pod["metadata"]["name"], 0, message)
     ready_pool(cluster, namespace, name)
-    for role in (render.PRODUCER, render.CONSUMER, render.ROUTER):
+    for role in (PRODUCER, CONSUMER, ROUTER):
         assert exists(cluster, namespace, "deployment", f"{name}-{role}")
 
 
@@ -285,22 +287,4 @@ def test_a_pool_deletes_while_the_operator_is_stopped(
     wait_until(
         "the children garbage-collected",
         lambda: not exists(cluster, namespace, "deployment", "tiny-consumer"),
-    )
-
-
-def test_a_finalizer_an_older_operator_left_is_removed(
-    cluster: LocalCluster, namespace: str, operator: OperatorProcess
-) -> None:
-    pool = sample_pool()
-    pool["metadata"]["finalizers"] = ["encoderpool.io/finalizer"]  # the old timer's
-    seed_report(cluster, namespace, pool)
-    apply_pool(cluster, namespace, pool)
-    ready_pool(cluster, namespace)
-    wait_until(
-        "kopf to drop the finalizer no handler needs",
-        lambda: (
-            not get_json(cluster, "encoderpool", "tiny", "-n", namespace)["metadata"].get(
-                "finalizers"
-            )
-        ),
     )

@@ -15,8 +15,11 @@ from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
 from tests.operator.fixtures import (
     WIDTH_JOB_PODS,
+    apply_pool,
     condition,
     get_json,
+    ready_pool,
+    ready_sample_pool,
     report_configmap,
     report_for,
     report_name,
@@ -27,20 +30,7 @@ from tests.operator.fixtures import (
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
-RESYNC_LINE = "resync: 1 pools marked"  # handlers._resync
-
-
-def apply_pool(cluster: LocalCluster, namespace: str, pool: dict[str, object]) -> None:
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pool))
-
-
-def ready_pool(cluster: LocalCluster, namespace: str, name: str = "tiny") -> dict[str, object]:
-    def ready() -> dict[str, object] | None:
-        pool = get_json(cluster, "encoderpool", name, "-n", namespace)
-        cond = condition(pool, "Ready")
-        return pool if cond and cond["status"] == "True" else None
-
-    return dict(wait_until(f"EncoderPool {name} Ready", ready))
+RESYNC_LINE = "resync: 1 pools marked"  # controller.manager.Controller._resync
 
 
 def test_pool_with_measured_widths_becomes_ready(
@@ -74,14 +64,6 @@ def test_pool_with_measured_widths_becomes_ready(
         assert (owner["kind"], owner["name"], owner["controller"]) == ("EncoderPool", "tiny", True)
     headless = get_json(cluster, "service", "tiny-producer", "-n", namespace)
     assert headless["spec"]["clusterIP"] == "None"
-
-
-def ready_sample_pool(cluster: LocalCluster, namespace: str) -> dict[str, object]:
-    """The sample pool, its widths seeded (no width Job), applied and Ready."""
-    pool = sample_pool()
-    seed_report(cluster, namespace, pool)
-    apply_pool(cluster, namespace, pool)
-    return ready_pool(cluster, namespace)
 
 
 def _generation(cluster: LocalCluster, kind: str, name: str, namespace: str) -> int:

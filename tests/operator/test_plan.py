@@ -11,18 +11,16 @@ import dataclasses
 import json
 import re
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
-from pathlib import Path
+from datetime import timedelta
 from typing import Any
 
 import pytest
-import yaml
 
 from encoderpool_contracts import WidthReport
 from encoderpool_operator import render
 from encoderpool_operator.api import MAX_NAME_LENGTH, EncoderPool
+from encoderpool_operator.naming import ANNOTATION_DIGEST, ref_of, width_job_name
 from encoderpool_operator.reconcile.actions import (
-    Action,
     Apply,
     Create,
     CreateSecret,
@@ -30,105 +28,29 @@ from encoderpool_operator.reconcile.actions import (
     MergePatch,
     PatchStatus,
 )
-from encoderpool_operator.reconcile.observe import Snapshot, ref_of
+from encoderpool_operator.reconcile.observe import Snapshot
 from encoderpool_operator.reconcile.plan import PROGRESS_SECONDS, Plan, plan
 from encoderpool_operator.reconcile.widths import ANNOTATION_FAILURES, MEASURING_POLL_SECONDS
-from tests.operator.fixtures import report_for
-
-REPO = Path(__file__).resolve().parents[2]
-DEFAULTS = render.Defaults(router_image="example.invalid/router:test", width_retry_seconds=30)
-NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
-UID = "pool-uid"
-
-
-def pool_object(**spec: Any) -> dict[str, Any]:
-    obj = yaml.safe_load((REPO / "examples" / "pool-shared-volume.yaml").read_text())
-    obj["metadata"] = {"name": "tiny", "namespace": "ml", "uid": UID, "generation": 3}
-    obj["spec"].update(spec)
-    return dict(obj)
-
-
-def report_of(obj: dict[str, Any]) -> WidthReport:
-    return report_for(obj)
-
-
-def report_cm(
-    report: WidthReport, owners: tuple[str, ...] = (UID,), annotations: dict[str, str] | None = None
-) -> Any:
-    """A report ConfigMap as the operator stores it; ``snapshot`` names it and adds the
-    labels and digest for its pool (the report key depends on the pool's spec)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": None,
-            "namespace": "ml",
-            "resourceVersion": "41",
-            "annotations": annotations or {},
-            "ownerReferences": [{"uid": u, "name": "p", "kind": "EncoderPool"} for u in owners],
-        },
-        "data": report.to_configmap_data(),
-    }
-
-
-def keyed(cm: Any, pool: EncoderPool) -> Any:
-    """``cm`` (from ``report_cm``) named, labelled and digested for ``pool``."""
-    out = copy.deepcopy(cm)
-    key = render.report_key(pool)
-    ours = render.width_report_configmap(pool, key, "0" * 16, out.get("data"))["metadata"]
-    out["metadata"]["name"] = ours["name"]
-    out["metadata"]["labels"] = ours["labels"]
-    out["metadata"]["annotations"] = {
-        **ours.get("annotations", {}),
-        **out["metadata"]["annotations"],
-    }
-    return out
-
-
-def live_children(pool: EncoderPool, report: WidthReport) -> dict[Any, Any]:
-    """Every child as the API server would return it: ours plus server fields, rolled out."""
-    live = {}
-    for obj in render.workload_objects(pool, report, DEFAULTS):
-        got = copy.deepcopy(obj)
-        got["metadata"].update(resourceVersion="7", uid="child-uid", generation=2)
-        if obj["kind"] == "Deployment":
-            n = obj["spec"]["replicas"]
-            got["status"] = {
-                "observedGeneration": 2,
-                "updatedReplicas": n,
-                "readyReplicas": n,
-                "availableReplicas": n,
-            }
-        live[ref_of(obj)] = got
-    return live
-
-
-def snapshot(obj: dict[str, Any], **observed: Any) -> Snapshot:
-    pool = EncoderPool.from_object(obj)
-    fingerprint = pool.spec.model_identity(pool.spec.image).fingerprint()
-    cm = observed.get("report_cm")
-    if cm is not None and cm["metadata"]["name"] is None:
-        observed["report_cm"] = keyed(cm, pool)
-    return Snapshot(pool=pool, fingerprint=fingerprint, **observed)
-
-
-def job(pool: EncoderPool, state: str | None, finished: datetime = NOW) -> dict[str, Any]:
-    identity = pool.spec.model_identity(pool.spec.image)
-    out = render.width_job(pool, identity, render.report_key(pool))
-    out["metadata"].update(uid="job-uid", resourceVersion="9")
-    if state is not None:
-        out["status"] = {
-            "conditions": [
-                {
-                    "type": state,
-                    "status": "True",
-                    "reason": "BackoffLimitExceeded" if state == "Failed" else "Completed",
-                    "message": "Job has reached the specified backoff limit",
-                    "lastTransitionTime": finished.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                }
-            ]
-        }
-    return out
+from encoderpool_operator.render.widths import (
+    report_digest,
+    report_key,
+    width_job,
+)
+from tests.operator.fixtures import (
+    DEFAULTS,
+    NOW,
+    UID,
+    job,
+    live_children,
+    plan_condition,
+    pool_object,
+    report_cm,
+    report_of,
+    settled,
+    settled_snapshot,
+    snapshot,
+    writes,
+)
 
 
 def pod(message: str | None, phase: str = "Succeeded") -> dict[str, Any]:
@@ -148,31 +70,14 @@ def kinds(p: Plan) -> list[str]:
     return [f"{type(a).__name__} {a.describe()}" for a in p.actions]
 
 
-def writes(p: Plan) -> list[Action]:
-    return [a for a in p.actions if not isinstance(a, PatchStatus)]
-
-
-def condition(p: Plan, type_: str) -> tuple[str, str, str]:
-    (c,) = [c for c in p.status.conditions if c.type == type_]
-    return c.status, c.reason, c.message
-
-
-def settled(obj: dict[str, Any]) -> dict[str, Any]:
-    """The pool with the status a first pass over its measured, rolled-out children wrote."""
-    report = report_of(obj)
-    live = live_children(EncoderPool.from_object(obj), report)
-    first = plan(snapshot(obj, report_cm=report_cm(report), live=live), DEFAULTS, NOW)
-    return {**obj, "status": first.status.model_dump(mode="json", by_alias=True, exclude_none=True)}
-
-
 def test_a_new_model_runs_the_job_and_creates_no_configmap() -> None:
     obj = pool_object()
     p = plan(snapshot(obj), DEFAULTS, NOW)
     (apply_job,) = writes(p)
     assert isinstance(apply_job, Apply)
     assert apply_job.obj["kind"] == "Job"
-    assert condition(p, "WidthsMeasured")[:2] == ("False", "Measuring")
-    assert condition(p, "Ready")[0] == "False"
+    assert plan_condition(p, "WidthsMeasured")[:2] == ("False", "Measuring")
+    assert plan_condition(p, "Ready")[0] == "False"
     assert p.requeue_after == MEASURING_POLL_SECONDS
     assert isinstance(p.actions[-1], PatchStatus)
 
@@ -182,7 +87,7 @@ def test_a_running_job_that_matches_is_left_alone() -> None:
     pool = EncoderPool.from_object(obj)
     p = plan(snapshot(obj, width_jobs=(job(pool, None),)), DEFAULTS, NOW)
     assert writes(p) == []
-    assert condition(p, "WidthsMeasured")[1] == "Measuring"
+    assert plan_condition(p, "WidthsMeasured")[1] == "Measuring"
 
 
 def test_a_settled_pool_plans_nothing() -> None:
@@ -197,7 +102,7 @@ def test_a_settled_pool_plans_nothing() -> None:
     )
     p = plan(snap, DEFAULTS, NOW + timedelta(minutes=5))
     assert p.actions == ()
-    assert condition(p, "Ready")[:2] == ("True", "AllAvailable")
+    assert plan_condition(p, "Ready")[:2] == ("True", "AllAvailable")
     assert p.requeue_after is None
 
 
@@ -286,18 +191,18 @@ def test_a_completed_job_s_termination_message_becomes_the_report_configmap() ->
     create = p.actions[0]
     assert isinstance(create, Create)
     cm = create.obj
-    key = render.report_key(pool)
+    key = report_key(pool)
     assert cm["metadata"]["name"] == f"encoderpool-widths-{key}"
     assert WidthReport.from_configmap_data(cm["data"]) == report
     assert cm["metadata"]["labels"]["encoderpool.io/model-fingerprint"] == report.fingerprint
     assert cm["metadata"]["labels"]["encoderpool.io/width-report-key"] == key
     assert cm["metadata"]["annotations"] == {
-        "encoderpool.io/width-report-digest": render.report_digest(key, cm["data"])
+        "encoderpool.io/width-report-digest": report_digest(key, cm["data"])
     }
     (owner,) = cm["metadata"]["ownerReferences"]
     assert (owner["uid"], owner["controller"]) == (UID, False)
     # The same pass renders the workload with what was measured.
-    assert condition(p, "WidthsMeasured")[:2] == ("True", "Measured")
+    assert plan_condition(p, "WidthsMeasured")[:2] == ("True", "Measured")
     applied = {a.describe() for a in p.actions if isinstance(a, Apply)}
     assert "Deployment/tiny-producer" in applied
     assert p.requeue_after is None
@@ -319,10 +224,10 @@ def test_a_report_for_a_configmap_holding_a_failure_count_is_patched_in() -> Non
     assert isinstance(store, MergePatch)
     assert store.body["data"] == report.to_configmap_data()
     # Already an owner: only the digest that marks the data as the operator's.
-    key = render.report_key(pool)
+    key = report_key(pool)
     assert store.body["metadata"] == {
         "annotations": {
-            "encoderpool.io/width-report-digest": render.report_digest(key, store.body["data"])
+            "encoderpool.io/width-report-digest": report_digest(key, store.body["data"])
         }
     }
 
@@ -347,7 +252,7 @@ def test_a_bad_termination_message_is_a_condition_and_backs_off(
         message = report_of(other).to_termination_message()
     snap = snapshot(obj, width_jobs=(job(pool, "Complete"),), job_pods=(pod(message),))
     p = plan(snap, DEFAULTS, NOW + timedelta(seconds=10))
-    status, reason, text = condition(p, "WidthsMeasured")
+    status, reason, text = plan_condition(p, "WidthsMeasured")
     assert (status, reason) == ("False", "WidthReportInvalid")
     assert expected in text
     assert snap.job_name in text
@@ -361,15 +266,15 @@ def test_a_completed_job_without_pods_is_a_condition_too() -> None:
     obj = pool_object()
     pool = EncoderPool.from_object(obj)
     p = plan(snapshot(obj, width_jobs=(job(pool, "Complete"),)), DEFAULTS, NOW)
-    assert condition(p, "WidthsMeasured")[1] == "WidthReportInvalid"
-    assert "no succeeded pod" in condition(p, "WidthsMeasured")[2]
+    assert plan_condition(p, "WidthsMeasured")[1] == "WidthReportInvalid"
+    assert "no succeeded pod" in plan_condition(p, "WidthsMeasured")[2]
 
 
 def test_a_failed_job_waits_out_its_back_off() -> None:
     obj = pool_object()
     pool = EncoderPool.from_object(obj)
     p = plan(snapshot(obj, width_jobs=(job(pool, "Failed"),)), DEFAULTS, NOW)
-    status, reason, text = condition(p, "WidthsMeasured")
+    status, reason, text = plan_condition(p, "WidthsMeasured")
     assert (status, reason) == ("False", "WidthJobFailed")
     assert "BackoffLimitExceeded" in text
     assert "attempt 1" in text
@@ -402,11 +307,11 @@ def test_a_second_failure_doubles_the_back_off_and_patches_the_count() -> None:
     count = writes(p)[0]
     assert isinstance(count, MergePatch)
     assert count.body["metadata"]["annotations"] == {ANNOTATION_FAILURES: "2"}
-    assert "attempt 2" in condition(p, "WidthsMeasured")[2]
+    assert "attempt 2" in plan_condition(p, "WidthsMeasured")[2]
 
 
 def job_suffix(pool: EncoderPool) -> str:
-    return render.report_key(pool)[:10]
+    return report_key(pool)[:10]
 
 
 def test_width_jobs_of_earlier_models_are_deleted_once_measured() -> None:
@@ -434,8 +339,8 @@ def test_a_changed_model_measures_before_anything_rolls() -> None:
     changed = {**obj, "spec": {**obj["spec"], "model": {**obj["spec"]["model"], "name": "x"}}}
     p = plan(snapshot(changed, report_cm=None, live=live), DEFAULTS, NOW)
     assert [a.obj["kind"] for a in writes(p) if isinstance(a, Apply)] == ["Job"]
-    assert condition(p, "ProducersAvailable")[1] == "WaitingForWidths"
-    assert condition(p, "Ready")[0] == "False"
+    assert plan_condition(p, "ProducersAvailable")[1] == "WaitingForWidths"
+    assert plan_condition(p, "Ready")[0] == "False"
 
 
 def test_without_a_router_nothing_of_it_is_planned() -> None:
@@ -450,18 +355,6 @@ def test_without_a_router_nothing_of_it_is_planned() -> None:
 
 
 # ------------------------------------------------ level-true: removals, pruning, ownership
-
-
-def owned_of(live: dict[Any, Any]) -> dict[Any, Any]:
-    """What observe's lists by label return: the children of render.CHILD_KINDS."""
-    return {ref: obj for ref, obj in live.items() if ref[:2] in render.CHILD_KINDS}
-
-
-def settled_snapshot(obj: dict[str, Any], live_from: dict[str, Any] | None = None) -> Snapshot:
-    """A pass over ``obj`` whose children are what ``live_from``'s spec rendered."""
-    report = report_of(obj)
-    live = live_children(EncoderPool.from_object(live_from or obj), report)
-    return snapshot(obj, report_cm=report_cm(report), live=live, owned=owned_of(live))
 
 
 @pytest.mark.parametrize(
@@ -494,20 +387,16 @@ def test_every_child_carries_the_digest_of_what_is_applied() -> None:
     report = report_of(obj)
     pool = EncoderPool.from_object(obj)
     for child in render.workload_objects(pool, report, DEFAULTS):
-        digest = child["metadata"]["annotations"][render.ANNOTATION_DIGEST]
-        assert (
-            render.with_digest(child)["metadata"]["annotations"][render.ANNOTATION_DIGEST] == digest
-        )
+        digest = child["metadata"]["annotations"][ANNOTATION_DIGEST]
+        assert render.with_digest(child)["metadata"]["annotations"][ANNOTATION_DIGEST] == digest
     env = {**obj["spec"]["model"], "env": [{"name": "A", "value": "1"}]}
     other = EncoderPool.from_object(pool_object(model=env))
     digests = {
-        ref_of(c): c["metadata"]["annotations"][render.ANNOTATION_DIGEST]
+        ref_of(c): c["metadata"]["annotations"][ANNOTATION_DIGEST]
         for c in render.workload_objects(other, report, DEFAULTS)
     }
     for child in render.workload_objects(pool, report, DEFAULTS):
-        changed = (
-            digests[ref_of(child)] != child["metadata"]["annotations"][render.ANNOTATION_DIGEST]
-        )
+        changed = digests[ref_of(child)] != child["metadata"]["annotations"][ANNOTATION_DIGEST]
         assert changed == (child["kind"] == "Deployment" and "router" not in ref_of(child)[2])
 
 
@@ -575,13 +464,13 @@ def test_a_foreign_object_with_a_child_s_name_is_never_touched(owner: str | None
         dataclasses.replace(snap, live={**snap.live, ref: foreign}, owned=owned), DEFAULTS, NOW
     )
     assert writes(p) == []
-    status, reason, message = condition(p, "ChildrenOwned")
+    status, reason, message = plan_condition(p, "ChildrenOwned")
     assert (status, reason) == ("False", "NameConflict")
     assert "Deployment ml/tiny-consumer" in message
     assert "delete or rename it" in message
-    assert condition(p, "Ready")[:2] == ("False", "NameConflict")
+    assert plan_condition(p, "Ready")[:2] == ("False", "NameConflict")
     # The foreign Deployment's status is not the pool's.
-    assert condition(p, "ConsumersAvailable")[1] == "NotCreated"
+    assert plan_condition(p, "ConsumersAvailable")[1] == "NotCreated"
 
 
 @pytest.mark.parametrize("router_exists", [False, True])
@@ -608,11 +497,11 @@ def test_no_router_while_a_service_it_would_follow_is_foreign(router_exists: boo
         if router_exists
         else []
     )
-    status, reason, message = condition(p, "RouterAvailable")
+    status, reason, message = plan_condition(p, "RouterAvailable")
     assert (status, reason) == ("False", "ServiceNotOwned")
     assert "Service ml/tiny-consumer is not controlled by this pool" in message
-    assert condition(p, "ChildrenOwned")[1] == "NameConflict"
-    assert condition(p, "Ready")[0] == "False"
+    assert plan_condition(p, "ChildrenOwned")[1] == "NameConflict"
+    assert plan_condition(p, "Ready")[0] == "False"
     # Owned again: the router comes back.
     p = plan(dataclasses.replace(snap, live={**snap.live, router: None}), DEFAULTS, NOW)
     assert "Deployment/tiny-router" in [a.describe() for a in writes(p)]
@@ -626,8 +515,8 @@ def test_a_foreign_job_with_the_width_job_s_name_is_never_applied() -> None:
     ref = ref_of(theirs)
     p = plan(snapshot(obj, live={ref: theirs}), DEFAULTS, NOW)
     assert writes(p) == []
-    assert condition(p, "ChildrenOwned")[1] == "NameConflict"
-    assert f"Job ml/{ref[2]}" in condition(p, "Ready")[2]
+    assert plan_condition(p, "ChildrenOwned")[1] == "NameConflict"
+    assert f"Job ml/{ref[2]}" in plan_condition(p, "Ready")[2]
 
 
 def test_names_fit_at_the_longest_pool_name() -> None:
@@ -638,7 +527,7 @@ def test_names_fit_at_the_longest_pool_name() -> None:
     report = report_of(obj)
     identity = pool.spec.model_identity(pool.spec.image)
     objects = [*render.workload_objects(pool, report, DEFAULTS)]
-    objects.append(render.width_job(pool, identity, render.report_key(pool)))
+    objects.append(width_job(pool, identity, report_key(pool)))
     dns_label = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
     for o in objects:
         name = o["metadata"]["name"]
@@ -648,8 +537,8 @@ def test_names_fit_at_the_longest_pool_name() -> None:
             assert len(value) <= 63, value
     # Two long names with one prefix get two Jobs.
     other = EncoderPool.from_object({**obj, "metadata": {**obj["metadata"], "name": "a" * 50}})
-    assert render.width_job_name(pool, "f" * 16) != render.width_job_name(other, "f" * 16)
-    assert render.width_job_name(EncoderPool.from_object(pool_object()), "f" * 16) == (
+    assert width_job_name(pool, "f" * 16) != width_job_name(other, "f" * 16)
+    assert width_job_name(EncoderPool.from_object(pool_object()), "f" * 16) == (
         "tiny-width-ffffffffff"
     )
 
@@ -668,7 +557,7 @@ def test_rollout_progress_is_written_at_most_every_progress_seconds() -> None:
     obj = settled(pool_object(consumer={"replicas": 3}))
     first = plan(_rolling(obj, 0), DEFAULTS, NOW)  # Ready turns False: written at once
     assert any(isinstance(a, PatchStatus) for a in first.actions)
-    assert condition(first, "Ready")[0] == "False"
+    assert plan_condition(first, "Ready")[0] == "False"
     rolling = {**obj, "status": first.status.model_dump(mode="json", by_alias=True)}
     # One more pod up two seconds later: progress only, held back for the rest of 10 s.
     snap = replace(_rolling(rolling, 1), status_written_at=NOW)
@@ -683,4 +572,4 @@ def test_rollout_progress_is_written_at_most_every_progress_seconds() -> None:
     done = replace(_rolling(rolling, 3), status_written_at=NOW)
     ready = plan(done, DEFAULTS, NOW + timedelta(seconds=1))
     assert any(isinstance(a, PatchStatus) for a in ready.actions)
-    assert condition(ready, "Ready")[0] == "True"
+    assert plan_condition(ready, "Ready")[0] == "True"

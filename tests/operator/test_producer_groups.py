@@ -14,13 +14,26 @@ import pytest
 from encoderpool_contracts import ConnectorConfig
 from encoderpool_operator import render
 from encoderpool_operator.api import MAX_NAME_LENGTH, EncoderPool
+from encoderpool_operator.naming import (
+    LABEL_COMPONENT,
+    name_of,
+    producer_components,
+    ref_of,
+    selector_labels,
+)
 from encoderpool_operator.reconcile.plan import plan
 from encoderpool_router.config import parse_settings
-from tests.operator.test_plan import (
+from tests.operator.fixtures import (
     DEFAULTS,
+    GROUPS,
     NOW,
-    condition,
+    children,
+    container,
+    flag,
+    grouped,
     live_children,
+    load,
+    plan_condition,
     pool_object,
     report_cm,
     report_of,
@@ -29,27 +42,6 @@ from tests.operator.test_plan import (
     snapshot,
     writes,
 )
-from tests.operator.test_render import children, container, flag, load
-
-GROUPS = [
-    {"name": "images", "modalities": ["image"], "replicas": 2},
-    {
-        "name": "video",
-        "modalities": ["video"],
-        "resources": {"limits": {"cpu": "8", "memory": "16Gi"}},
-        "nodeSelector": {"gpu": "big"},
-    },
-]
-
-
-def grouped(example: str = "pool-shared-volume.yaml", groups: Any = None) -> EncoderPool:
-    pool = load(example)
-    obj = pool.model_dump(mode="json", by_alias=True, exclude={"status"})
-    obj["spec"]["producerGroups"] = copy.deepcopy(GROUPS if groups is None else groups)
-    obj["spec"]["model"]["limitMmPerPrompt"] = {"image": 1, "video": 1}
-    obj["spec"]["producer"]["tensorParallelSize"] = 2
-    obj["spec"]["producer"]["tolerations"] = [{"key": "gpu", "operator": "Exists"}]
-    return EncoderPool.from_object(obj)
 
 
 def pod_spec(objs: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
@@ -62,7 +54,7 @@ def test_each_group_gets_its_own_deployment_service_and_policy_and_no_default_pr
         name = f"pool-producer-{group}"
         assert objs[f"Service/{name}"]["spec"]["clusterIP"] == "None"  # the router picks pods
         selector = objs[f"Deployment/{name}"]["spec"]["selector"]["matchLabels"]
-        assert selector[render.LABEL_COMPONENT] == f"producer-{group}"
+        assert selector[LABEL_COMPONENT] == f"producer-{group}"
         assert objs[f"Service/{name}"]["spec"]["selector"] == selector
         assert objs[f"NetworkPolicy/{name}"]["spec"]["podSelector"]["matchLabels"] == selector
         labels = objs[f"Deployment/{name}"]["spec"]["template"]["metadata"]["labels"]
@@ -142,7 +134,7 @@ def test_each_group_s_policy_lets_in_the_router_and_with_rdma_the_consumers(exam
     for group in ("images", "video"):
         ingress = objs[f"NetworkPolicy/pool-producer-{group}"]["spec"]["ingress"]
         assert ingress == single  # the paths a single producer has, no more
-    consumers = {"podSelector": {"matchLabels": render.selector_labels(pool, "consumer")}}
+    consumers = {"podSelector": {"matchLabels": selector_labels(pool, "consumer")}}
     rdma = any(consumers in rule.get("from", []) for rule in single)
     assert rdma == (example == "pool-rdma.yaml")
 
@@ -150,9 +142,7 @@ def test_each_group_s_policy_lets_in_the_router_and_with_rdma_the_consumers(exam
 @pytest.mark.parametrize("example", ["pool-shared-volume.yaml", "pool-rdma.yaml"])
 def test_child_refs_name_what_the_groups_render(example: str) -> None:
     pool = grouped(example)
-    rendered = {
-        render.ref_of(o) for o in render.workload_objects(pool, report_of_pool(pool), DEFAULTS)
-    }
+    rendered = {ref_of(o) for o in render.workload_objects(pool, report_of_pool(pool), DEFAULTS)}
     assert set(render.child_refs(pool)) == rendered
 
 
@@ -172,10 +162,10 @@ def test_long_pool_and_group_names_stay_within_63_characters_and_apart() -> None
     pool = EncoderPool.from_object(obj)
     names = [name for _, _, name in render.child_refs(pool)]
     assert max(len(n) for n in names) <= 63
-    groups = [render.name_of(pool, c) for c, _ in render.producer_components(pool)]
+    groups = [name_of(pool, c) for c, _ in producer_components(pool)]
     assert len(set(groups)) == 2
     assert all(n.endswith(g) for n, g in zip(groups, ["a" * 16, "a" * 15 + "b"], strict=True))
-    assert render.name_of(pool, "consumer") == f"{long}-consumer"  # short enough: unchanged
+    assert name_of(pool, "consumer") == f"{long}-consumer"  # short enough: unchanged
 
 
 def test_no_groups_renders_exactly_what_a_single_producer_pool_always_rendered() -> None:
@@ -207,8 +197,8 @@ def test_status_counts_each_group_and_producers_available_needs_every_group() ->
         ("images", "2/2"),
         ("video", "1/1"),
     ]
-    assert condition(p, "ProducersAvailable")[:2] == ("True", "Available")
-    assert condition(p, "Ready")[0] == "True"
+    assert plan_condition(p, "ProducersAvailable")[:2] == ("True", "Available")
+    assert plan_condition(p, "Ready")[0] == "True"
 
     pool = EncoderPool.from_object(obj)
     report = report_of(obj)
@@ -216,11 +206,11 @@ def test_status_counts_each_group_and_producers_available_needs_every_group() ->
     video = live[("apps/v1", "Deployment", "tiny-producer-video")]
     video["status"] = {**video["status"], "availableReplicas": 0, "readyReplicas": 0}
     p = plan(snapshot(obj, report_cm=report_cm(report), live=live), DEFAULTS, NOW)
-    status_, reason, message = condition(p, "ProducersAvailable")
+    status_, reason, message = plan_condition(p, "ProducersAvailable")
     assert (status_, reason) == ("False", "PodsNotReady")
     assert "producer group video: 0/1 pods available" in message
     assert "images" not in message
-    assert condition(p, "Ready")[0] == "False"
+    assert plan_condition(p, "Ready")[0] == "False"
     assert p.status.producers is not None
     assert p.status.producers.summary == "2/3"
 

@@ -4,44 +4,34 @@ flags (the router pod)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from encoderpool_contracts import ConnectorConfig
+from encoderpool_contracts.pod import HTTP_PORT, MEASURE_MODULE, ROUTER_METRICS_PORT
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
+from encoderpool_operator.naming import ANNOTATION_CONFIG_HASH, PRODUCER, selector_labels
+from encoderpool_operator.render.pod import hash_seed
+from encoderpool_operator.render.router import ROUTER_RESOURCES, router_services
+from encoderpool_operator.render.secret import internal_secret
+from encoderpool_operator.render.transport import ROUTER_REUSE_SECONDS
+from encoderpool_operator.render.vllm import vllm_deployment
+from encoderpool_operator.render.widths import MEASURE_CONTAINER, width_job
 from encoderpool_router.config import parse_settings
-from tests.operator.fixtures import report_for
-
-REPO = Path(__file__).resolve().parents[2]
-DEFAULTS = render.Defaults(router_image="example.invalid/encoderpool-operator:test")
-
-
-def load(example: str, **meta: Any) -> EncoderPool:
-    obj = yaml.safe_load((REPO / "examples" / example).read_text())
-    obj["metadata"] = {"name": "pool", "namespace": "ml", "uid": "u-1", "generation": 1, **meta}
-    return EncoderPool.from_object(obj)
-
-
-def children(pool: EncoderPool, width: int = 128) -> dict[str, dict[str, Any]]:
-    raw = pool.model_dump(by_alias=True, exclude={"status"})
-    report = report_for(raw, width)
-    return {
-        f"{o['kind']}/{o['metadata']['name']}": o
-        for o in render.workload_objects(pool, report, DEFAULTS)
-    }
-
-
-def container(objs: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
-    return dict(objs[f"Deployment/{name}"]["spec"]["template"]["spec"]["containers"][0])
-
-
-def flag(args: list[str], name: str) -> str:
-    return args[args.index(name) + 1]
+from tests.operator.fixtures import (
+    DEFAULTS,
+    children,
+    container,
+    flag,
+    grouped,
+    load,
+    report_for,
+)
 
 
 @pytest.mark.parametrize("example", ["pool-shared-volume.yaml", "pool-rdma.yaml"])
@@ -68,7 +58,7 @@ def test_the_router_accepts_the_flags_it_is_given() -> None:
     assert settings.producer_service == "pool-producer"
     assert settings.consumer_service == "pool-consumer"
     assert settings.namespace == "ml"
-    assert settings.reuse_encoded_s == render.ROUTER_REUSE_SECONDS  # shared volume only
+    assert settings.reuse_encoded_s == ROUTER_REUSE_SECONDS  # shared volume only
     rdma = container(children(load("pool-rdma.yaml")), "pool-router")
     assert parse_settings(rdma["args"]).reuse_encoded_s == 0
 
@@ -142,12 +132,12 @@ def test_pods_run_restricted_and_rdma_adds_only_ipc_lock() -> None:
 def test_the_width_job_has_no_api_access_and_reports_through_its_termination_message() -> None:
     pool = load("pool-shared-volume.yaml")
     identity = pool.spec.model_identity(pool.spec.image)
-    job = render.width_job(pool, identity, identity.fingerprint())
+    job = width_job(pool, identity, identity.fingerprint())
     pod = job["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     assert "serviceAccountName" not in pod  # no ServiceAccount, Role or RoleBinding of its own
     (c,) = pod["containers"]
-    assert c["name"] == render.MEASURE_CONTAINER
+    assert c["name"] == MEASURE_CONTAINER
     assert c["terminationMessagePath"] == "/dev/termination-log"
     assert c["terminationMessagePolicy"] == "File"  # the report, never a log tail
     assert c["args"][c["args"].index("--output-file") + 1] == "/dev/termination-log"
@@ -178,19 +168,19 @@ def test_pod_template_overrides_merge_over_the_rendered_pod() -> None:
     template = children(pool)["Deployment/pool-producer"]["spec"]["template"]
     assert template["spec"]["priorityClassName"] == "high"
     assert template["metadata"]["annotations"]["team"] == "vision"
-    assert render.ANNOTATION_CONFIG_HASH in template["metadata"]["annotations"]
+    assert ANNOTATION_CONFIG_HASH in template["metadata"]["annotations"]
     assert template["spec"]["containers"][0]["name"] == "vllm"
 
 
 def test_the_width_job_command_parses_as_measure_and_keys_the_report() -> None:
-    from encoderpool_connector.measure import parse_args
+    parse_args = importlib.import_module(MEASURE_MODULE).parse_args
 
     pool = load("pool-shared-volume.yaml")
     identity = pool.spec.model_identity(pool.spec.image)
-    job = render.width_job(pool, identity, identity.fingerprint())
+    job = width_job(pool, identity, identity.fingerprint())
     c = job["spec"]["template"]["spec"]["containers"][0]
     assert c["command"] == ["python"]
-    assert c["args"][:2] == ["-m", "encoderpool_connector.measure"]
+    assert c["args"][:2] == ["-m", MEASURE_MODULE]
     args = parse_args(c["args"][2:])
     assert args.identity == identity
     assert args.identity.fingerprint() == identity.fingerprint()
@@ -202,7 +192,7 @@ def test_the_width_job_command_parses_as_measure_and_keys_the_report() -> None:
 def test_tensor_parallel_roles_and_a_width_job_with_the_producers_parallelism() -> None:
     """Each role's Deployment runs its own --tensor-parallel-size; the width Job measures
     with the producers' (the identity the pool is keyed by) on the producers' resources."""
-    from encoderpool_connector.measure import parse_args
+    parse_args = importlib.import_module(MEASURE_MODULE).parse_args
 
     raw = load("pool-shared-volume.yaml").model_dump(by_alias=True, exclude={"status"})
     raw["spec"]["producer"].update(
@@ -215,15 +205,15 @@ def test_tensor_parallel_roles_and_a_width_job_with_the_producers_parallelism() 
     assert flag(container(objs, "pool-consumer")["args"], "--tensor-parallel-size") == "4"
     identity = pool.spec.model_identity(pool.spec.image)
     assert identity.tensor_parallel_size == 2
-    job = render.width_job(pool, identity, identity.fingerprint())
+    job = width_job(pool, identity, identity.fingerprint())
     c = job["spec"]["template"]["spec"]["containers"][0]
     assert parse_args(c["args"][2:]).tensor_parallel_size == 2
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
-    # Tensor-parallel pods and the Job share one hash seed per pool (render.hash_seed);
+    # Tensor-parallel pods and the Job share one hash seed per pool (hash_seed);
     # single-rank pods are rendered as before.
     envs = [c["env"], *(container(objs, r)["env"] for r in ("pool-producer", "pool-consumer"))]
     seeds = {e["value"] for env in envs for e in env if e["name"] == "PYTHONHASHSEED"}
-    assert seeds == {render.hash_seed(pool)}
+    assert seeds == {hash_seed(pool)}
     single = children(load("pool-shared-volume.yaml"))
     assert all(e["name"] != "PYTHONHASHSEED" for e in container(single, "pool-producer")["env"])
     # Both roles get the producers' identity; a consumer does not compare its own TP.
@@ -245,7 +235,7 @@ def _pods(objs: dict[str, dict[str, Any]], job: dict[str, Any]) -> dict[str, dic
 
 def _width_job(pool: EncoderPool) -> dict[str, Any]:
     identity = pool.spec.model_identity(pool.spec.image)
-    return render.width_job(pool, identity, identity.fingerprint())
+    return width_job(pool, identity, identity.fingerprint())
 
 
 @pytest.mark.parametrize("example", ["pool-shared-volume.yaml", "pool-rdma.yaml"])
@@ -362,7 +352,7 @@ def test_pod_template_lists_merge_by_name_instead_of_replacing_ours() -> None:
 
 
 def test_our_restricted_fields_win_after_the_template_merges() -> None:
-    """Validation refuses these; ``render.restrict`` holds even for a template that got
+    """Validation refuses these; ``render.pod.restrict`` holds even for a template that got
     past it (here: built without validation), and covers containers it adds."""
     pool = _with_template({"spec": {"containers": [{"name": "sidecar", "image": "x"}]}})
     hostile = {
@@ -398,7 +388,7 @@ def test_our_restricted_fields_win_after_the_template_merges() -> None:
     producer = pool.spec.producer.model_copy(update={"pod_template": hostile})
     pool = pool.model_copy(update={"spec": pool.spec.model_copy(update={"producer": producer})})
     config = pool.spec.connector_config("0" * 16, {"image": 128})
-    deployment = render.vllm_deployment(pool, render.PRODUCER, config)
+    deployment = vllm_deployment(pool, PRODUCER, config)
     spec = deployment["spec"]["template"]["spec"]
     for key in ("nodeName", "hostPID"):
         assert key not in spec
@@ -517,7 +507,7 @@ def test_typed_pod_fields_reach_the_pods() -> None:
         "maxSkew": 1,
         "topologyKey": "topology.kubernetes.io/zone",
         "whenUnsatisfiable": "ScheduleAnyway",
-        "labelSelector": {"matchLabels": render.selector_labels(pool, "consumer")},
+        "labelSelector": {"matchLabels": selector_labels(pool, "consumer")},
     }
     assert template["metadata"]["labels"]["team"] == "vision"
     assert template["metadata"]["labels"]["app.kubernetes.io/component"] == "consumer"
@@ -533,11 +523,9 @@ def _policies(pool: EncoderPool) -> dict[str, dict[str, Any]]:
 def test_network_policies_let_in_only_who_needs_each_port() -> None:
     policies = _policies(load("pool-rdma.yaml"))
     assert set(policies) == {"pool-producer", "pool-consumer", "pool-router", "pool-width-job"}
-    http = [{"protocol": "TCP", "port": render.HTTP_PORT}]
-    router = {
-        "podSelector": {"matchLabels": render.selector_labels(load("pool-rdma.yaml"), "router")}
-    }
-    consumers = {"matchLabels": render.selector_labels(load("pool-rdma.yaml"), "consumer")}
+    http = [{"protocol": "TCP", "port": HTTP_PORT}]
+    router = {"podSelector": {"matchLabels": selector_labels(load("pool-rdma.yaml"), "router")}}
+    consumers = {"matchLabels": selector_labels(load("pool-rdma.yaml"), "consumer")}
     assert policies["pool-consumer"]["ingress"] == [{"from": [router], "ports": http}]
     assert policies["pool-producer"]["ingress"] == [
         {"from": [router], "ports": http},
@@ -558,7 +546,7 @@ def test_network_policy_clients_metrics_and_opt_out() -> None:
     pool = EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})
     policies = _policies(pool)
     assert "pool-router" not in policies
-    http = [{"protocol": "TCP", "port": render.HTTP_PORT}]
+    http = [{"protocol": "TCP", "port": HTTP_PORT}]
     apps = {"from": [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}], "ports": http}
     scrapers = {
         "from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
@@ -624,18 +612,18 @@ def test_vllm_pods_and_the_router_get_the_pool_s_internal_keys_by_reference(exam
     job_env = _env(_width_job(pool)["spec"]["template"]["spec"]["containers"][0])
     assert not {"VLLM_API_KEY", "ENCODERPOOL_CHANNEL_KEY"} & set(job_env)  # it serves nothing
     assert "pool-internal" not in json.dumps(objs["Service/pool"])
-    assert render.internal_secret(pool)["metadata"]["name"] == "pool-internal"
+    assert internal_secret(pool)["metadata"]["name"] == "pool-internal"
 
 
 def test_the_router_serves_metrics_on_a_port_of_its_own_never_on_the_service() -> None:
     objs = children(load("pool-shared-volume.yaml"))
     router = container(objs, "pool-router")
     assert router["ports"] == [
-        {"name": "http", "containerPort": render.HTTP_PORT, "protocol": "TCP"},
-        {"name": "metrics", "containerPort": render.ROUTER_METRICS_PORT, "protocol": "TCP"},
+        {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
     ]
     settings = parse_settings(router["args"])
-    assert (settings.port, settings.metrics_port) == (render.HTTP_PORT, render.ROUTER_METRICS_PORT)
+    assert (settings.port, settings.metrics_port) == (HTTP_PORT, ROUTER_METRICS_PORT)
     assert settings.auth_token_file is None  # no client auth unless asked for
     # The pool's endpoint (perhaps a LoadBalancer) never carries the metrics port.
     assert [p["name"] for p in objs["Service/pool"]["spec"]["ports"]] == ["http"]
@@ -675,17 +663,17 @@ def test_scrapers_reach_the_router_s_metrics_port_and_clients_only_its_api() -> 
     assert router["ingress"] == [
         {
             "from": [{"namespaceSelector": {"matchLabels": {"team": "apps"}}}],
-            "ports": [{"protocol": "TCP", "port": render.HTTP_PORT}],
+            "ports": [{"protocol": "TCP", "port": HTTP_PORT}],
         },
         {
             "from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}],
-            "ports": [{"protocol": "TCP", "port": render.ROUTER_METRICS_PORT}],
+            "ports": [{"protocol": "TCP", "port": ROUTER_METRICS_PORT}],
         },
     ]
     raw["spec"]["networkPolicy"] = {}  # no scrapers named: the metrics port stays shut
     pool = EncoderPool.from_object({**raw, "metadata": {"name": "pool", "uid": "u"}})
     ports = [p for rule in _policies(pool)["pool-router"]["ingress"] for p in rule["ports"]]
-    assert ports == [{"protocol": "TCP", "port": render.HTTP_PORT}]
+    assert ports == [{"protocol": "TCP", "port": HTTP_PORT}]
 
 
 def test_the_router_trusts_only_the_pool_s_services_and_may_read_only_those(
@@ -694,14 +682,13 @@ def test_the_router_trusts_only_the_pool_s_services_and_may_read_only_those(
     """The router learns the pool's uid (an env: a router older than it ignores it) and
     may get exactly the Services it follows, to check they are the pool's and which
     EndpointSlices are theirs."""
-    from tests.operator.test_producer_groups import grouped  # it imports this module
 
     for pool, services in (
         (load("pool-shared-volume.yaml"), ["pool-producer", "pool-consumer"]),
         (grouped(), ["pool-producer-images", "pool-producer-video", "pool-consumer"]),
     ):
         objs = children(pool)
-        assert render.router_services(pool) == services
+        assert router_services(pool) == services
         rules = objs["Role/pool-router"]["rules"]
         assert rules[1] == {
             "apiGroups": [""],
@@ -720,7 +707,7 @@ def test_the_router_gets_bounded_resources_unless_the_spec_gives_its_own() -> No
     """Defaults when spec.router.resources is empty; any request or limit given replaces
     them all (a default limit below a given request would be refused)."""
     c = container(children(load("pool-shared-volume.yaml")), "pool-router")
-    assert c["resources"] == render.ROUTER_RESOURCES
+    assert c["resources"] == ROUTER_RESOURCES
     assert c["resources"]["limits"]["memory"] == "2Gi"
     assert c["resources"]["requests"] == {"cpu": "250m", "memory": "256Mi"}
     obj = load("pool-shared-volume.yaml").model_dump(mode="json", by_alias=True, exclude={"status"})
@@ -728,4 +715,4 @@ def test_the_router_gets_bounded_resources_unless_the_spec_gives_its_own() -> No
         obj["spec"]["router"] = {**obj["spec"].get("router", {}), "resources": given}
         c = container(children(EncoderPool.from_object(obj)), "pool-router")
         assert c["resources"] == given
-    assert render.ROUTER_RESOURCES["limits"]["memory"] == "2Gi"  # the default is not mutated
+    assert ROUTER_RESOURCES["limits"]["memory"] == "2Gi"  # the default is not mutated

@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from encoderpool_operator import render
+from encoderpool_contracts.pod import HTTP_PORT
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.api.spec import OWNED_FLAGS, OWNED_FLAGS_PATTERN, OWNED_SHORT_FLAGS
-from tests.operator.test_api import ROOT
+from encoderpool_operator.naming import CONSUMER
+from encoderpool_operator.render.vllm import vllm_args
+from tests.operator.fixtures import REPO
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def vllm_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
 
 def _pool(extra_args: list[str] | None = None) -> dict[str, Any]:
-    obj = yaml.safe_load((ROOT / "examples" / "pool-shared-volume.yaml").read_text())
+    obj = yaml.safe_load((REPO / "examples" / "pool-shared-volume.yaml").read_text())
     obj["metadata"] = {"name": "pool", "namespace": "ml", "uid": "u"}
     if extra_args is not None:
         obj["spec"]["model"]["extraArgs"] = extra_args
@@ -51,7 +53,7 @@ def _rendered(obj: dict[str, Any]) -> list[str]:
     )
     pool = valid.model_copy(update={"spec": valid.spec.model_copy(update={"model": model})})
     config = pool.spec.connector_config("0" * 16, {"image": 128})
-    return render.vllm_args(pool, render.CONSUMER, config)
+    return vllm_args(pool, CONSUMER, config)
 
 
 def _owned_values(parser: argparse.ArgumentParser, args: list[str]) -> dict[str, Any]:
@@ -75,7 +77,7 @@ def test_the_rendered_args_give_vllm_the_operator_s_values(vllm_parser: Any) -> 
     assert got == {
         "model": EncoderPool.from_object(_pool()).spec.model.path(),
         "host": "0.0.0.0",  # noqa: S104 (what the pods listen on)
-        "port": render.HTTP_PORT,
+        "port": HTTP_PORT,
         "dtype": "bfloat16",
         "tensor_parallel_size": 1,
         "ec_connector": "EncoderPoolSharedVolumeConnector",

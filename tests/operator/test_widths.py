@@ -13,8 +13,8 @@ import pytest
 from pydantic import ValidationError
 
 from encoderpool_contracts import CONFIGMAP_KEY, WidthReport
-from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
+from encoderpool_operator.naming import ANNOTATION_REPORT_DIGEST, width_job_name
 from encoderpool_operator.reconcile.actions import Apply, MergePatch, PatchStatus
 from encoderpool_operator.reconcile.plan import plan
 from encoderpool_operator.reconcile.widths import (
@@ -24,11 +24,12 @@ from encoderpool_operator.reconcile.widths import (
     backoff_seconds,
     parse_failures,
 )
-from tests.operator.test_plan import (
+from encoderpool_operator.render.widths import report_digest, report_key
+from tests.operator.fixtures import (
     DEFAULTS,
     NOW,
-    condition,
     job,
+    plan_condition,
     pool_object,
     report_cm,
     report_of,
@@ -104,8 +105,8 @@ def _keyed_cm(obj: dict[str, Any], data: dict[str, str]) -> dict[str, Any]:
     out = copy.deepcopy(dict(cm))
     pool = EncoderPool.from_object(obj)
     out["data"] = data
-    digest = render.report_digest(render.report_key(pool), data)
-    out["metadata"]["annotations"][render.ANNOTATION_REPORT_DIGEST] = digest
+    digest = report_digest(report_key(pool), data)
+    out["metadata"]["annotations"][ANNOTATION_REPORT_DIGEST] = digest
     return out
 
 
@@ -113,13 +114,13 @@ def test_a_report_out_of_bounds_is_a_condition_naming_the_configmap_and_field() 
     obj = pool_object()
     cm = _keyed_cm(obj, {CONFIGMAP_KEY: _report_json(hidden_size=10**12)})
     p = plan(snapshot(obj, report_cm=cm), DEFAULTS, NOW)
-    status, reason, message = condition(p, "WidthsMeasured")
+    status, reason, message = plan_condition(p, "WidthsMeasured")
     assert (status, reason) == ("False", "WidthReportInvalid")
     assert f"ConfigMap ml/{cm['metadata']['name']}" in message
     assert "hidden_size" in message
     # The report is ours: measuring again replaces it; nothing else is rendered from it.
     pool = EncoderPool.from_object(obj)
-    job_name = render.width_job_name(pool, render.report_key(pool))
+    job_name = width_job_name(pool, report_key(pool))
     assert [a.describe() for a in p.actions if not isinstance(a, PatchStatus)] == [
         f"Job/{job_name}"
     ]
@@ -151,9 +152,9 @@ def test_a_report_the_operator_did_not_write_is_never_used_patched_or_adopted(
         widths["bytes_per_token"] = {"image": 128}
         cm["data"] = {CONFIGMAP_KEY: json.dumps(widths)}
     else:
-        del meta["annotations"][render.ANNOTATION_REPORT_DIGEST]
+        del meta["annotations"][ANNOTATION_REPORT_DIGEST]
     p = plan(snapshot(obj, report_cm=cm), DEFAULTS, NOW)
-    status, reason, message = condition(p, "WidthsMeasured")
+    status, reason, message = plan_condition(p, "WidthsMeasured")
     assert (status, reason) == ("False", "WidthReportForeign")
     name = meta["name"]
     assert f"ConfigMap ml/{name}" in message
@@ -174,7 +175,7 @@ def test_a_huge_failure_count_waits_the_cap_and_names_the_configmap() -> None:
     start = time.perf_counter()
     p = plan(snap, DEFAULTS, NOW)
     assert time.perf_counter() - start < 1
-    status, reason, message = condition(p, "WidthsMeasured")
+    status, reason, message = plan_condition(p, "WidthsMeasured")
     assert (status, reason) == ("False", "WidthJobFailed")
     assert f"ConfigMap ml/{cm['metadata']['name']}" in message
     assert "'10000000000' is not a count" in message
@@ -186,7 +187,7 @@ def test_a_huge_failure_count_waits_the_cap_and_names_the_configmap() -> None:
 
 
 def _key(**spec: Any) -> str:
-    return render.report_key(EncoderPool.from_object(pool_object(**spec)))
+    return report_key(EncoderPool.from_object(pool_object(**spec)))
 
 
 def test_the_report_key_covers_what_changes_a_measurement_and_the_fingerprint_does_not() -> None:
@@ -217,7 +218,7 @@ def test_the_report_key_covers_what_changes_a_measurement_and_the_fingerprint_do
 def test_the_width_job_and_its_report_are_named_by_the_report_key() -> None:
     obj = pool_object(widthJob={"image": "other.example/vllm:1"})
     pool = EncoderPool.from_object(obj)
-    key = render.report_key(pool)
+    key = report_key(pool)
     p = plan(snapshot(obj), DEFAULTS, NOW)
     (apply,) = [a for a in p.actions if isinstance(a, Apply)]
     assert apply.obj["metadata"]["name"] == f"tiny-width-{key[:10]}"

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from encoderpool_operator.workqueue import WorkQueue
+from encoderpool_operator.controller.workqueue import WorkQueue
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
@@ -15,7 +15,7 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 
 def test_marks_of_a_waiting_pool_coalesce_into_one_pass() -> None:
     async def main() -> None:
-        q = WorkQueue()
+        q: WorkQueue[str] = WorkQueue()
         for _ in range(50):
             q.add("a")
         q.add("b", "resync")
@@ -29,7 +29,7 @@ def test_marks_of_a_waiting_pool_coalesce_into_one_pass() -> None:
 
 def test_a_pool_marked_during_its_pass_gets_exactly_one_more() -> None:
     async def main() -> None:
-        q = WorkQueue()
+        q: WorkQueue[str] = WorkQueue()
         q.add("a")
         key, _ = await q.get()
         q.add("a")
@@ -46,7 +46,7 @@ def test_a_pool_marked_during_its_pass_gets_exactly_one_more() -> None:
 
 def test_failures_back_off_doubling_up_to_the_cap_and_reset_when_settled() -> None:
     async def main() -> None:
-        q = WorkQueue(base_delay=1.0, max_delay=5.0)
+        q: WorkQueue[str] = WorkQueue(base_delay=1.0, max_delay=5.0)
         assert [q.retry("a") for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
         q.settled("a")
         assert q.retry("a") == 1.0
@@ -57,7 +57,7 @@ def test_failures_back_off_doubling_up_to_the_cap_and_reset_when_settled() -> No
 
 def test_add_after_keeps_the_earliest_mark_and_fires_once() -> None:
     async def main() -> None:
-        q = WorkQueue()
+        q: WorkQueue[str] = WorkQueue()
         q.add_after("a", 0.05)
         q.add_after("a", 10.0)  # later: ignored
         q.add_after("b", 10.0)

@@ -9,7 +9,7 @@ It is idempotent: a pass over a pool whose children already match plans no
 action, so it writes nothing. A changed model changes the fingerprint, so its
 report is missing: the Job measures the new model while the old pods keep
 serving, and only then do both roles roll to the new config. No kopf here
-(``handlers`` adapts it).
+(``controller`` runs it, ``handlers`` wires kopf to the controller).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPoolStatus
 from encoderpool_operator.cache import Reader
 from encoderpool_operator.kube import Kube
@@ -29,6 +28,7 @@ from encoderpool_operator.reconcile.act import Recorder, act, write_status
 from encoderpool_operator.reconcile.actions import PatchStatus
 from encoderpool_operator.reconcile.observe import observe
 from encoderpool_operator.reconcile.plan import invalid_status, plan
+from encoderpool_operator.render import Defaults
 
 __all__ = ["Outcome", "invalid_status", "reconcile", "write_status"]
 
@@ -49,7 +49,7 @@ class Outcome:
 def reconcile(
     kube: Kube,
     obj: Mapping[str, Any],
-    defaults: render.Defaults,
+    defaults: Defaults,
     now: datetime,
     reader: Reader | None = None,
     executor: Executor | None = None,

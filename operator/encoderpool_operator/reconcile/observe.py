@@ -16,14 +16,21 @@ from functools import cached_property
 from typing import Any
 
 from encoderpool_contracts import configmap_name
-from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.cache import Reader, controller_uid
+from encoderpool_operator.naming import (
+    CHILD_KINDS,
+    LABEL_COMPONENT,
+    LABEL_POOL,
+    WIDTH_JOB,
+    Ref,
+    name_of,
+    width_job_name,
+)
 from encoderpool_operator.reconcile.widths import job_state, parse_report
+from encoderpool_operator.render import child_refs
+from encoderpool_operator.render.widths import report_key
 
-# (apiVersion, kind, name) of a child in the pool's namespace (render.ref_of makes one).
-Ref = tuple[str, str, str]
-ref_of = render.ref_of
 # The label the Job controller puts on each of a Job's pods: the Job's uid, so the
 # pods of a deleted and recreated Job of the same name are never mistaken for its own.
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
@@ -40,22 +47,22 @@ class Snapshot:
     width_jobs: tuple[Mapping[str, Any], ...] = ()
     # Pods of the current width Job: read only once it completed and no report is stored.
     job_pods: tuple[Mapping[str, Any], ...] = ()
-    # Each object the spec names (render.child_refs, and the width Job while there is no
+    # Each object the spec names (``render.child_refs``, and the width Job while there is no
     # report): the live object, whoever owns it, or None.
     live: Mapping[Ref, Mapping[str, Any] | None] = field(default_factory=dict)
-    # Every object of render.CHILD_KINDS this pool controls, wanted or not (for pruning).
+    # Every object of ``naming.CHILD_KINDS`` this pool controls, wanted or not (for pruning).
     owned: Mapping[Ref, Mapping[str, Any]] = field(default_factory=dict)
     # When this operator last wrote the pool's status (its memory; None: not since start).
     status_written_at: datetime | None = None
 
     @cached_property
     def report_key(self) -> str:
-        """What the width report and Job are named by (``render.report_key``)."""
-        return render.report_key(self.pool)
+        """What the width report and Job are named by (``render.widths.report_key``)."""
+        return report_key(self.pool)
 
     @property
     def job_name(self) -> str:
-        return render.width_job_name(self.pool, self.report_key)
+        return width_job_name(self.pool, self.report_key)
 
     @property
     def job(self) -> Mapping[str, Any] | None:
@@ -70,7 +77,7 @@ class Snapshot:
 
     def deployment(self, component: str) -> Mapping[str, Any] | None:
         """This pool's Deployment of ``component`` (never a foreign one of the same name)."""
-        dep = self.child(("apps/v1", "Deployment", render.name_of(self.pool, component)))
+        dep = self.child(("apps/v1", "Deployment", name_of(self.pool, component)))
         return dep if self.ours(dep) else None
 
     def foreign(self) -> list[Ref]:
@@ -92,11 +99,11 @@ def observe(kube: Reader, obj: Mapping[str, Any]) -> Snapshot:
     ns = pool.namespace
     uid = pool.metadata.get("uid")
     fingerprint = pool.spec.model_identity(pool.spec.image).fingerprint()
-    key = render.report_key(pool)
+    key = report_key(pool)
     report_cm = kube.get("v1", "ConfigMap", ns, configmap_name(key))
-    pool_selector = f"{render.LABEL_POOL}={pool.name}"
+    pool_selector = f"{LABEL_POOL}={pool.name}"
     owned: dict[Ref, Mapping[str, Any]] = {}
-    for api_version, kind in render.CHILD_KINDS:
+    for api_version, kind in CHILD_KINDS:
         for item in kube.list(api_version, kind, ns, pool_selector):
             if controller_uid(item) == uid:  # a list's items carry no apiVersion/kind
                 owned[(api_version, kind, item["metadata"]["name"])] = {
@@ -106,11 +113,9 @@ def observe(kube: Reader, obj: Mapping[str, Any]) -> Snapshot:
                 }
     live: dict[Ref, Mapping[str, Any] | None] = {
         ref: owned[ref] if ref in owned else kube.get(ref[0], ref[1], ns, ref[2])
-        for ref in render.child_refs(pool)
+        for ref in child_refs(pool)
     }
-    jobs = kube.list(
-        "batch/v1", "Job", ns, f"{pool_selector},{render.LABEL_COMPONENT}={render.WIDTH_JOB}"
-    )
+    jobs = kube.list("batch/v1", "Job", ns, f"{pool_selector},{LABEL_COMPONENT}={WIDTH_JOB}")
     snap = Snapshot(
         pool=pool,
         fingerprint=fingerprint,

@@ -25,7 +25,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from encoderpool_contracts import configmap_name
-from encoderpool_operator import render
 from encoderpool_operator.api import (
     CHILDREN_OWNED,
     CONSUMERS_AVAILABLE,
@@ -39,6 +38,15 @@ from encoderpool_operator.api import (
     ReplicaStatus,
 )
 from encoderpool_operator.conditions import PROBLEM_REASONS, ready_condition, set_condition
+from encoderpool_operator.naming import (
+    CONSUMER,
+    PRODUCER,
+    ROUTER,
+    Ref,
+    group_component,
+    name_of,
+    ref_of,
+)
 from encoderpool_operator.reconcile.actions import (
     Action,
     Apply,
@@ -48,8 +56,11 @@ from encoderpool_operator.reconcile.actions import (
     PatchStatus,
 )
 from encoderpool_operator.reconcile.compare import is_subset
-from encoderpool_operator.reconcile.observe import Ref, Snapshot, ref_of
+from encoderpool_operator.reconcile.observe import Snapshot
 from encoderpool_operator.reconcile.widths import plan_widths
+from encoderpool_operator.render import Defaults, child_refs, workload_objects
+from encoderpool_operator.render.router import router_endpoint, router_services
+from encoderpool_operator.render.secret import INTERNAL_KEYS, internal_secret
 
 # How often a pool's rollout progress (replica counts, messages) is written at most:
 # a vLLM pod takes minutes to load its model, so half a minute still shows movement,
@@ -175,12 +186,12 @@ def ownership(snap: Snapshot) -> ConditionUpdate:
 
 
 def foreign_router_services(pool: EncoderPool, foreign: set[Ref]) -> list[str]:
-    """The Services the router would follow (``render.router_services``) that another
+    """The Services the router would follow (``render.router.router_services``) that another
     owner holds: the router would take its backends from their EndpointSlices, so it
     is not deployed while any is foreign."""
     if not pool.spec.router.enabled:
         return []
-    return [n for n in render.router_services(pool) if ("v1", "Service", n) in foreign]
+    return [n for n in router_services(pool) if ("v1", "Service", n) in foreign]
 
 
 def router_blocked(pool: EncoderPool, services: Sequence[str], gen: int | None) -> ConditionUpdate:
@@ -208,7 +219,7 @@ def with_internal_secret(pool: EncoderPool, applies: list[Apply]) -> list[Action
     first = next((i for i, a in enumerate(applies) if a.obj["kind"] == "Deployment"), None)
     if first is None:
         return list(applies)
-    secret = CreateSecret(render.internal_secret(pool), render.INTERNAL_KEYS)
+    secret = CreateSecret(internal_secret(pool), INTERNAL_KEYS)
     return [*applies[:first], secret, *applies[first:]]
 
 
@@ -218,7 +229,7 @@ def _writes_to(action: Action) -> Ref | None:
     return None
 
 
-def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
+def plan(snap: Snapshot, defaults: Defaults, now: datetime) -> Plan:
     """One pass for one pool, decided: see the module docstring."""
     pool = snap.pool
     gen = pool.generation
@@ -230,15 +241,15 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
         "observed_generation": gen,
         "model_fingerprint": snap.fingerprint,
         "width_report_name": configmap_name(snap.report_key),
-        "router_endpoint": render.router_endpoint(pool),
+        "router_endpoint": router_endpoint(pool),
     }
     report = widths.report
     blocked = foreign_router_services(pool, foreign)
-    router_ref = ("apps/v1", "Deployment", render.name_of(pool, render.ROUTER))
+    router_ref = ("apps/v1", "Deployment", name_of(pool, ROUTER))
     if report is not None:
         applies = [
             Apply(child)
-            for child in render.workload_objects(pool, report, defaults)
+            for child in workload_objects(pool, report, defaults)
             if ref_of(child) not in foreign
             and not (blocked and ref_of(child) == router_ref)
             and not is_subset(child, snap.child(ref_of(child)))
@@ -254,7 +265,7 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
             hidden_size=report.hidden_size,
         )
 
-    wanted = set(render.child_refs(pool))
+    wanted = set(child_refs(pool))
     if blocked:
         wanted.discard(router_ref)
     for ref in sorted(set(snap.owned) - wanted):
@@ -263,10 +274,10 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
         actions.append(Delete(*ref, why))
 
     roles: Sequence[tuple[str, str, str, int]] = [
-        (CONSUMERS_AVAILABLE, "consumers", render.CONSUMER, pool.spec.consumer.replicas),
+        (CONSUMERS_AVAILABLE, "consumers", CONSUMER, pool.spec.consumer.replicas),
     ]
     if pool.spec.router.enabled:
-        roles = [*roles, (ROUTER_AVAILABLE, "router", render.ROUTER, pool.spec.router.replicas)]
+        roles = [*roles, (ROUTER_AVAILABLE, "router", ROUTER, pool.spec.router.replicas)]
     if pool.spec.producer_groups:
         producers, groups = producer_groups(snap, gen)
         status_fields["producers"] = producers.replicas
@@ -276,7 +287,7 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
         )
     else:
         roles = [
-            (PRODUCERS_AVAILABLE, "producers", render.PRODUCER, pool.spec.producer.replicas),
+            (PRODUCERS_AVAILABLE, "producers", PRODUCER, pool.spec.producer.replicas),
             *roles,
         ]
         status_fields["producer_groups"] = None
@@ -284,7 +295,7 @@ def plan(snap: Snapshot, defaults: render.Defaults, now: datetime) -> Plan:
         dep = snap.deployment(component)
         status_fields[what] = replica_status(dep, desired)
         cond = availability(type_, what, dep, desired, gen)
-        if blocked and component == render.ROUTER:
+        if blocked and component == ROUTER:
             cond = router_blocked(pool, blocked, gen)
         updates.append(_unless_measured(cond, what, report is None, dep is not None))
     # No requeue for a rollout: each Deployment status change is an event that runs the
@@ -355,7 +366,7 @@ def producer_groups(
     waiting: list[ConditionUpdate] = []
     exists = False
     for group in pool.spec.producer_groups:
-        component = render.group_component(group)
+        component = group_component(group)
         desired = group.role(pool.spec.producer).replicas
         dep = snap.deployment(component)
         exists = exists or dep is not None

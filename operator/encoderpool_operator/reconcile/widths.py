@@ -32,10 +32,25 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from encoderpool_contracts import ModelIdentity, WidthReport
-from encoderpool_operator import render
 from encoderpool_operator.api import WIDTHS_MEASURED, ConditionUpdate, format_errors
+from encoderpool_operator.naming import (
+    ANNOTATION_REPORT_DIGEST,
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_REPORT_KEY,
+    MANAGED_BY,
+    REPORT_COMPONENT,
+    report_owner_reference,
+)
 from encoderpool_operator.reconcile.actions import Action, Apply, Create, Delete, MergePatch
 from encoderpool_operator.reconcile.compare import is_subset
+from encoderpool_operator.render.widths import (
+    MEASURE_CONTAINER,
+    TERMINATION_LOG,
+    report_digest,
+    width_job,
+    width_report_configmap,
+)
 
 if TYPE_CHECKING:
     from encoderpool_operator.reconcile.observe import Snapshot
@@ -73,7 +88,7 @@ def foreign_reason(cm: Mapping[str, Any], key: str) -> str | None:
 
     Ours carries the managed-by, component and report-key labels the operator
     renders and, once it holds data, the digest the operator stored with that data
-    (``render.report_digest``). Neither is a secret: a same-namespace user who
+    (``render.widths.report_digest``). Neither is a secret: a same-namespace user who
     forges both gets a report the operator reads, bounded like any other. What
     they catch is a ConfigMap made or edited by hand (or another tool's object of
     that name), which the operator must never overwrite or own (its owners would
@@ -82,19 +97,19 @@ def foreign_reason(cm: Mapping[str, Any], key: str) -> str | None:
     meta = cm.get("metadata") or {}
     labels = meta.get("labels") or {}
     want = {
-        render.LABEL_MANAGED_BY: render.MANAGED_BY,
-        render.LABEL_COMPONENT: render.REPORT_COMPONENT,
-        render.LABEL_REPORT_KEY: key,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_COMPONENT: REPORT_COMPONENT,
+        LABEL_REPORT_KEY: key,
     }
     missing = [f"{k}={v}" for k, v in want.items() if labels.get(k) != v]
     if missing:
         return "it lacks the operator's labels " + ", ".join(missing)
     data = cm.get("data")
     if data:
-        digest = (meta.get("annotations") or {}).get(render.ANNOTATION_REPORT_DIGEST)
-        if digest != render.report_digest(key, data):
+        digest = (meta.get("annotations") or {}).get(ANNOTATION_REPORT_DIGEST)
+        if digest != report_digest(key, data):
             return (
-                f"its data does not match the {render.ANNOTATION_REPORT_DIGEST} annotation the "
+                f"its data does not match the {ANNOTATION_REPORT_DIGEST} annotation the "
                 "operator stores with a report (made or edited by hand?)"
             )
     return None
@@ -189,12 +204,12 @@ def report_from_pods(
     pod = succeeded[0]
     name = pod["metadata"]["name"]
     statuses = {c.get("name"): c for c in pod["status"].get("containerStatuses", [])}
-    terminated = statuses.get(render.MEASURE_CONTAINER, {}).get("state", {}).get("terminated")
+    terminated = statuses.get(MEASURE_CONTAINER, {}).get("state", {}).get("terminated")
     message = (terminated or {}).get("message", "")
     if not message.strip():
         return None, (
-            f"pod {name} left no termination message (container {render.MEASURE_CONTAINER} "
-            f"writes its report to {render.TERMINATION_LOG})"
+            f"pod {name} left no termination message (container {MEASURE_CONTAINER} "
+            f"writes its report to {TERMINATION_LOG})"
         )
     try:
         report = WidthReport.from_termination_message(message)
@@ -229,7 +244,7 @@ def store_report(
     pool, cm = snap.pool, snap.report_cm
     key = snap.report_key
     if cm is None:
-        obj = render.width_report_configmap(pool, key, snap.fingerprint, data=data)
+        obj = width_report_configmap(pool, key, snap.fingerprint, data=data)
         if failures is not None:
             obj["metadata"].setdefault("annotations", {})[ANNOTATION_FAILURES] = str(failures)
         return Create(obj)
@@ -238,10 +253,10 @@ def store_report(
     body: dict[str, Any] = {}
     annotations: dict[str, str] = {}
     if pool.metadata["uid"] not in _owner_uids(cm):
-        meta["ownerReferences"] = [render.report_owner_reference(pool)]
+        meta["ownerReferences"] = [report_owner_reference(pool)]
     if data is not None:
         body["data"] = data
-        annotations[render.ANNOTATION_REPORT_DIGEST] = render.report_digest(key, data)
+        annotations[ANNOTATION_REPORT_DIGEST] = report_digest(key, data)
     if failures is not None:
         annotations[ANNOTATION_FAILURES] = str(failures)
     if annotations:
@@ -315,7 +330,7 @@ def plan_widths(snap: Snapshot, retry_base: float, now: datetime) -> WidthsPlan:
     actions: list[Action] = []
     if snap.report_cm is not None and (adopt := store_report(snap)):
         actions.append(adopt)  # a failure count kept there, or another pool's stored report
-    want = render.width_job(pool, identity, snap.report_key)
+    want = width_job(pool, identity, snap.report_key)
     if job is None or not is_subset(want, job):
         actions.append(Apply(want))
     measuring = f"width Job {name} is measuring {pool.spec.model.name}"

@@ -6,6 +6,10 @@ paused replica's cache stops updating, and a pass run from it would write from a
 stale view, against the active replica's writes. kopf does not expose its pause
 flag, so a task reads the peering object kopf keeps alive (a LIST by name: the
 chart's RBAC has no ``get`` on it) and applies kopf's own rule to its status.
+
+Both the object's shape (``status``: identity -> priority, lifetime, lastseen) and
+the rule are kopf's internals, not its API: tests/operator/test_peering.py runs
+kopf's own peering code on the same statuses and fails when they part.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -69,6 +74,22 @@ def peering_path(name: str, namespace: str | None) -> str:
     return f"{PEERING_API}/clusterkopfpeerings"
 
 
+@dataclass(frozen=True)
+class Peer:
+    """This replica as kopf's peering knows it."""
+
+    name: str  # the peering object's (kopf's --peering)
+    namespace: str | None  # the object's namespace; None: cluster-wide
+    identity: str | None  # kopf's identity for it (POD_ID in a pod; else made up, unknown)
+    priority: int
+
+
+def pod_namespace() -> str:
+    """The namespace this pod runs in (its service account's)."""
+    with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+        return f.read().strip()
+
+
 class Standby:
     """``paused`` follows kopf's pause, polled every ``interval`` seconds.
 
@@ -76,21 +97,10 @@ class Standby:
     kopf's watches as well, and the next read decides.
     """
 
-    def __init__(
-        self,
-        kube: Kube,
-        *,
-        name: str,
-        namespace: str | None,
-        identity: str | None,
-        priority: int,
-        interval: float,
-    ) -> None:
+    def __init__(self, kube: Kube, peer: Peer, *, interval: float) -> None:
         self.kube = kube
-        self.path = peering_path(name, namespace)
-        self.name = name
-        self.identity = identity
-        self.priority = priority
+        self.peer = peer
+        self.path = peering_path(peer.name, peer.namespace)
         self.interval = interval
         self.paused = False
 
@@ -99,12 +109,12 @@ class Standby:
         items = self.kube.request(
             "GET",
             self.path,
-            query={"fieldSelector": f"metadata.name={self.name}"},
+            query={"fieldSelector": f"metadata.name={self.peer.name}"},
             kind="KopfPeering (list)",
         )["items"]
         status = items[0].get("status") or {} if items else {}
         now = datetime.now(timezone.utc)
-        return outranked(status, identity=self.identity, priority=self.priority, now=now)
+        return outranked(status, identity=self.peer.identity, priority=self.peer.priority, now=now)
 
     def set(self, paused: bool) -> None:
         if paused != self.paused:

@@ -2,17 +2,19 @@
 
 Posted directly (one create each) rather than through kopf's poster, which
 lives in kopf's per-object tasks and not in the worker threads that run passes.
-Only what a person watching ``kubectl describe`` needs: the pool became or
-stopped being Ready, or something is wrong (a reason in PROBLEM_REASONS).
+Only what a person watching ``kubectl describe`` needs: the pool stopped being
+Ready, or something is wrong (a reason in PROBLEM_REASONS).
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from encoderpool_operator.api import READY
+from encoderpool_operator.conditions import PROBLEM_REASONS
 from encoderpool_operator.kube import Kube
 
 COMPONENT = "encoderpool-operator"
@@ -51,3 +53,25 @@ def event(pool: Mapping[str, Any], type_: str, reason: str, message: str) -> dic
 
 def post(kube: Kube, pool: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     kube.create(event(pool, type_, reason, message))
+
+
+def transition_events(
+    pool: Mapping[str, Any], transitions: Iterable[tuple[str, str, str]]
+) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of the Events a pass posts for its condition changes
+    (``transitions``: type, reason, message of each) on ``pool`` as it was before.
+
+    A problem reason is a Warning whatever the condition; Ready is the normal state,
+    so leaving it is news (Normal) and reaching it is in the status only.
+    """
+    was_ready = any(
+        c.get("type") == READY and c.get("status") == "True"
+        for c in (pool.get("status") or {}).get("conditions", [])
+    )
+    out = []
+    for type_, reason, message in transitions:
+        if reason in PROBLEM_REASONS:
+            out.append(("Warning", reason, f"{type_}: {message}"))
+        elif type_ == READY and was_ready:
+            out.append(("Normal", reason, f"{type_}: {message}"))
+    return out

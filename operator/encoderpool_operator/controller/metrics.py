@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from encoderpool_operator.controller.workqueue import WorkQueue
 from encoderpool_operator.kube import Kube
-from encoderpool_operator.workqueue import WorkQueue
 
 
 class _Live(Collector):
@@ -65,7 +65,7 @@ class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.kube: Kube | None = None
-        self.queue: WorkQueue | None = None
+        self.queue: WorkQueue[tuple[str, str]] | None = None
         self.lock = threading.Lock()
         self.ready: dict[tuple[str, str], str] = {}
         self.passes = Counter(

@@ -13,21 +13,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
-class WorkQueue:
+class WorkQueue(Generic[K]):
+    """Keys (pools) waiting for a pass, the ones in a pass, their timers and back-offs."""
+
     def __init__(self, base_delay: float = 1.0, max_delay: float = 300.0) -> None:
         # Unbounded as a type, bounded in use: a key is put only when not already queued.
-        self._queue: asyncio.Queue[Hashable] = asyncio.Queue()
-        self._queued: set[Hashable] = set()
-        self._active: set[Hashable] = set()
-        self._again: set[Hashable] = set()  # marked while active: one more pass after
-        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
-        self._failures: dict[Hashable, int] = {}
-        self._why: dict[Hashable, str] = {}  # what first marked a queued key (for metrics)
+        self._queue: asyncio.Queue[K] = asyncio.Queue()
+        self._queued: set[K] = set()
+        self._active: set[K] = set()
+        self._again: set[K] = set()  # marked while active: one more pass after
+        self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._failures: dict[K, int] = {}
+        self._why: dict[K, str] = {}  # what first marked a queued key (for metrics)
         self.base_delay, self.max_delay = base_delay, max_delay
 
-    def add(self, key: Hashable, why: str = "event") -> None:
+    def add(self, key: K, why: str = "event") -> None:
         """Mark ``key``: it gets a pass soon (once, however often it is marked)."""
         if key in self._active:
             self._again.add(key)
@@ -36,7 +41,7 @@ class WorkQueue:
             self._why[key] = why
             self._queue.put_nowait(key)
 
-    def add_after(self, key: Hashable, delay: float, why: str = "requeue") -> None:
+    def add_after(self, key: K, delay: float, why: str = "requeue") -> None:
         """Mark ``key`` in ``delay`` seconds; an earlier pending mark wins."""
         loop = asyncio.get_running_loop()
         timer = self._timers.get(key)
@@ -46,11 +51,11 @@ class WorkQueue:
             timer.cancel()
         self._timers[key] = loop.call_later(delay, self._fire, key, why)
 
-    def _fire(self, key: Hashable, why: str) -> None:
+    def _fire(self, key: K, why: str) -> None:
         self._timers.pop(key, None)
         self.add(key, why)
 
-    def retry(self, key: Hashable) -> float:
+    def retry(self, key: K) -> float:
         """Mark ``key`` after its next back-off delay (a failed pass); returns the delay."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
@@ -58,25 +63,25 @@ class WorkQueue:
         self.add_after(key, delay, "retry")
         return delay
 
-    def settled(self, key: Hashable) -> None:
+    def settled(self, key: K) -> None:
         """A pass of ``key`` succeeded: its next failure backs off from the base again."""
         self._failures.pop(key, None)
 
-    def forget(self, key: Hashable) -> None:
+    def forget(self, key: K) -> None:
         """``key`` is gone (a deleted pool): drop its timer and failure count."""
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
         self._failures.pop(key, None)
 
-    async def get(self) -> tuple[Hashable, str]:
+    async def get(self) -> tuple[K, str]:
         """The next key to pass and what marked it; call ``done(key)`` afterwards."""
         key = await self._queue.get()
         self._queued.discard(key)
         self._active.add(key)
         return key, self._why.pop(key, "event")
 
-    def done(self, key: Hashable) -> None:
+    def done(self, key: K) -> None:
         self._active.discard(key)
         if key in self._again:
             self._again.discard(key)

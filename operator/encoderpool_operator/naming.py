@@ -1,0 +1,153 @@
+"""What names and marks a pool's children: names, labels, annotation keys, owners, kinds.
+
+The render modules stamp these on what they build; the reconcile, the read cache
+and the kopf wiring find children by them. Defined once here so that what is
+written and what is looked for cannot drift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from encoderpool_operator.api import API_VERSION, KIND, EncoderPool, ProducerGroup, RoleSpec
+
+# (apiVersion, kind, name) of an object in the pool's namespace.
+Ref = tuple[str, str, str]
+
+# Components: the value of LABEL_COMPONENT and the suffix of the child's name.
+PRODUCER, CONSUMER, ROUTER, WIDTH_JOB = "producer", "consumer", "router", "width-job"
+CACHE = "cache"  # the shared-volume PVC
+INTERNAL = "internal"  # the pool's Secret of random keys
+REPORT_COMPONENT = "width-report"  # the report ConfigMaps (shared by pools, named by key)
+
+LABEL_POOL = "encoderpool.io/pool"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "encoderpool-operator"
+# On width reports and Jobs: the key reports are named and shared by (render.widths.report_key).
+LABEL_REPORT_KEY = "encoderpool.io/width-report-key"
+# On a vLLM pod template: a digest of its container and pod spec (a change rolls the pods).
+ANNOTATION_CONFIG_HASH = "encoderpool.io/config-hash"
+# On every child: a digest of everything the operator applies to it. A field removed
+# from the spec changes the digest, so the pass sees the change and re-applies, and
+# server-side apply drops the field (is_subset alone cannot see a removal).
+ANNOTATION_DIGEST = "encoderpool.io/spec-digest"
+# On a report the operator stored: render.widths.report_digest of its data.
+ANNOTATION_REPORT_DIGEST = "encoderpool.io/width-report-digest"
+# The longest object name the children may take (Services and Job names: DNS-1035 labels;
+# a Job's name is also a label value on its pods).
+MAX_CHILD_NAME = 63
+
+# Every kind a pool's workload can hold, (apiVersion, kind): what the reconcile lists
+# (by the pool's label, kept only with the pool as controller) to prune what the spec
+# no longer asks for. Width Jobs and report ConfigMaps have their own rules
+# (reconcile/widths.py).
+CHILD_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "PersistentVolumeClaim"),
+    ("v1", "Service"),
+    ("apps/v1", "Deployment"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+)
+
+
+def selector_labels(pool: EncoderPool, component: str) -> dict[str, str]:
+    """Labels that select a component's pods; they never change for a pool."""
+    return {
+        "app.kubernetes.io/name": "encoderpool",
+        "app.kubernetes.io/instance": pool.name,
+        LABEL_COMPONENT: component,
+    }
+
+
+def labels(pool: EncoderPool, component: str) -> dict[str, str]:
+    """Every label of a child: the selector's, plus who manages it and which pool it is."""
+    return {
+        **selector_labels(pool, component),
+        LABEL_MANAGED_BY: MANAGED_BY,
+        "app.kubernetes.io/part-of": "encoderpool",
+        LABEL_POOL: pool.name,
+    }
+
+
+def owner_reference(pool: EncoderPool) -> dict[str, Any]:
+    """The pool as controller: deleting the pool deletes the child."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": pool.name,
+        "uid": pool.metadata["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def report_owner_reference(pool: EncoderPool) -> dict[str, Any]:
+    """A pool's reference on a report it uses: an owner, not the controller (reports are shared)."""
+    return {**owner_reference(pool), "controller": False}
+
+
+def child_meta(pool: EncoderPool, name: str, component: str, **extra: Any) -> dict[str, Any]:
+    """A child's metadata: its name, the pool's namespace, labels and controller reference."""
+    return {
+        "name": name,
+        "namespace": pool.namespace,
+        "labels": labels(pool, component),
+        "ownerReferences": [owner_reference(pool)],
+        **extra,
+    }
+
+
+def name_of(pool: EncoderPool, component: str) -> str:
+    """Fixed child names: <pool>-producer, <pool>-consumer, <pool>-router; the Service is <pool>.
+
+    A producer group's component (producer-<group>) can make the name longer than 63
+    characters: then it is cut as ``bounded_name`` cuts it."""
+    return bounded_name(pool.name, f"-{component}")
+
+
+def bounded_name(pool_name: str, suffix: str) -> str:
+    """<pool><suffix>, at most 63 characters: a long pool name is cut and a hash of the
+    whole name keeps two long names with one prefix apart."""
+    name = pool_name + suffix
+    if len(name) <= MAX_CHILD_NAME:
+        return name
+    tag = hashlib.sha256(pool_name.encode()).hexdigest()[:6]
+    head = pool_name[: MAX_CHILD_NAME - len(suffix) - len(tag) - 1].rstrip("-")
+    return f"{head}-{tag}{suffix}"
+
+
+def width_job_name(pool: EncoderPool, key: str) -> str:
+    """<pool>-width-<report key>, at most 63 characters (``bounded_name``)."""
+    return bounded_name(pool.name, f"-width-{key[:10]}")
+
+
+def group_component(group: ProducerGroup) -> str:
+    """The component (label value and name suffix) of a producer group's children."""
+    return f"{PRODUCER}-{group.name}"
+
+
+def producer_components(pool: EncoderPool) -> list[tuple[str, RoleSpec]]:
+    """Each producer Deployment as (component, its pod settings): ``producer`` alone, or
+    one ``producer-<group>`` per spec.producerGroups entry (and then no ``producer``)."""
+    spec = pool.spec
+    if not spec.producer_groups:
+        return [(PRODUCER, spec.producer)]
+    return [(group_component(g), g.role(spec.producer)) for g in spec.producer_groups]
+
+
+def ref_of(obj: Mapping[str, Any]) -> Ref:
+    """(apiVersion, kind, name) of a child in the pool's namespace."""
+    return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+
+
+def config_hash(*parts: Any) -> str:
+    """A short digest of JSON-able ``parts`` (key order does not matter): the value of
+    the digest annotations, and of the report key."""
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
