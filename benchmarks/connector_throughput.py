@@ -61,11 +61,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES
 from encoderpool_connector.shared_volume.entry import Expect, entry_name
 from encoderpool_connector.shared_volume.metadata import LoadSpec, SharedVolumeMetadata
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
 from encoderpool_connector.shared_volume.worker import (
+    DEFAULT_LOAD_BUFFER_BYTES,
     BackgroundWriter,
     SharedVolumeWorker,
     writer_stats,

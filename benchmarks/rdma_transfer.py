@@ -198,7 +198,7 @@ def bench_nixl(items: list[dict[str, Any]], shm_dir: str) -> dict[str, dict[str,
 def bench_shared_volume(n: int, kind: str, shape: tuple[int, int], root: Path) -> dict[str, float]:
     import torch
 
-    from encoderpool_connector.ranks import Rank
+    from encoderpool_connector.core.ranks import Rank
     from encoderpool_connector.shared_volume.entry import Expect, entry_name
     from encoderpool_connector.shared_volume.metadata import LoadSpec
     from encoderpool_connector.shared_volume.store import Pins, SharedStore

@@ -7,11 +7,11 @@
 ARG VLLM_BASE=vllm/vllm-openai:v0.32.0
 FROM ${VLLM_BASE}
 # vLLM's model-class answers, computed once here instead of in a subprocess at every pod
-# start (~10 s of CPU each; encoderpool_connector/vllm_cache.py says why). vLLM writes its
-# other caches there too, so the pods' user owns it. First, as a plain script: this layer
-# depends on vLLM alone, so a change to our sources does not redo it.
+# start (~10 s of CPU each; encoderpool_connector/programs/vllm_cache.py says why). vLLM
+# writes its other caches there too, so the pods' user owns it. First, as a plain script:
+# this layer depends on vLLM alone, so a change to our sources does not redo it.
 ENV VLLM_CACHE_ROOT=/var/cache/vllm
-COPY connector/encoderpool_connector/vllm_cache.py /tmp/vllm_cache.py
+COPY connector/encoderpool_connector/programs/vllm_cache.py /tmp/vllm_cache.py
 RUN mkdir -p /var/cache/vllm \
  && python3 /tmp/vllm_cache.py \
  && chown -R 1000:1000 /var/cache/vllm \

@@ -11,7 +11,7 @@ VLLM_API_KEY_ENV = "VLLM_API_KEY"
 # The address an rdma producer announces to consumers: its pod IP (downward API).
 ADVERTISE_HOST_ENV = "ENCODERPOOL_ADVERTISE_HOST"
 # What `vllm serve --middleware` loads: every route but /health and /metrics needs the key.
-API_GUARD_MIDDLEWARE = "encoderpool_connector.api_guard.RequireApiKey"
+API_GUARD_MIDDLEWARE = "encoderpool_connector.programs.api_guard.RequireApiKey"
 
 # The out-of-tree connector class and the module vLLM imports it from, per transport
 # (each class name unique: vLLM's factory looks its built-ins up first).
@@ -21,7 +21,7 @@ CONNECTOR_CLASSES: dict[str, tuple[str, str]] = {
 }
 # What the width Job runs with ``python -m`` in the vLLM image: it measures the encoder's
 # output widths and writes a WidthReport to the file named by ``--output-file``.
-MEASURE_MODULE = "encoderpool_connector.measure"
+MEASURE_MODULE = "encoderpool_connector.programs.measure"
 # The port vLLM and the router serve the OpenAI API on, and the router's metrics port
 # (scrapers never need the API).
 HTTP_PORT = 8000

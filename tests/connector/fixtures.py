@@ -12,6 +12,7 @@ import ast
 import contextlib
 import json
 import re
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,14 @@ def producer_widths(log: str) -> dict[str, int]:
     found = re.search(r"EC producer encoder output widths: (\{[^}]*\})", log)
     assert found, "the producer logged no measured widths"
     return dict(ast.literal_eval(found.group(1)))
+
+
+def metric(server: VllmServer, name: str) -> float:
+    """Sum of a Prometheus counter over its label sets (0 when not exported yet)."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", re.M)
+    return sum(float(v) for v in pattern.findall(text))
 
 
 def tiny_fingerprint(model: Path, tensor_parallel_size: int = 1) -> str:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from encoderpool_connector.api_guard import MIDDLEWARE, RequireApiKey
+from encoderpool_connector.programs.api_guard import RequireApiKey
+from encoderpool_contracts.pod import API_GUARD_MIDDLEWARE
 
 KEY = "pool-key-" + "k" * 32
 
@@ -65,5 +66,5 @@ def test_without_a_key_it_refuses_to_serve(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_vllm_can_import_what_the_operator_names() -> None:
-    module, name = MIDDLEWARE.rsplit(".", 1)
+    module, name = API_GUARD_MIDDLEWARE.rsplit(".", 1)
     assert getattr(__import__(module, fromlist=[name]), name) is RequireApiKey

@@ -10,16 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from encoderpool_connector.loadbuffers import MIN_POOLED_BYTES, LoadBuffers, as_tensor
-from encoderpool_connector.shared_volume.entry import Expect, Header, entry_name, read_prefix
-from encoderpool_connector.shared_volume.metadata import LoadSpec, SharedVolumeMetadata
+from encoderpool_connector.core.loadbuffers import MIN_POOLED_BYTES, LoadBuffers, as_tensor
+from encoderpool_connector.shared_volume.entry import Expect, entry_name
+from encoderpool_connector.shared_volume.metadata import SharedVolumeMetadata
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
 from encoderpool_connector.shared_volume.worker import SharedVolumeWorker
 from encoderpool_contracts import ConnectorConfig
-from encoderpool_contracts.integrity import checksum
+from tests.connector.shared_volume.fixtures import FP, put, spec_for
 
 MiB = 1 << 20
-FP = "0123456789abcdef"
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -162,30 +161,6 @@ def make_worker(tmp_path: Path, limit: int) -> tuple[SharedVolumeWorker, SharedS
     return worker, store
 
 
-def put(store: SharedStore, mm_hash: str, tokens: int, width: int) -> torch.Tensor:
-    t = torch.randn(tokens, width).to(torch.bfloat16)
-    payload = memoryview(t.view(torch.uint8).numpy()).cast("B")
-    header = Header(mm_hash, FP, "bfloat16", (tokens, width), checksum(payload))
-    assert store.publish(entry_name(FP, mm_hash), header, payload).published
-    return t
-
-
-def spec_for(pins: Pins, mm_hash: str, shape: tuple[int, int]) -> LoadSpec:
-    """What the scheduler hands the worker: a pin of the entry and its inode (the tests
-    that corrupt an entry do so after this point, as a hostile writer would)."""
-    pin = pins.pin(entry_name(FP, mm_hash))
-    assert pin is not None
-    fd = os.open(os.path.join(pins.dir, pin), os.O_RDONLY)
-    try:
-        st = os.fstat(fd)
-        offset = read_prefix(fd)[1]
-    finally:
-        os.close(fd)
-    return LoadSpec(
-        mm_hash, pins.subdir, pin, True, "bfloat16", shape, (st.st_dev, st.st_ino), offset
-    )
-
-
 def test_loads_come_from_the_pool_and_stay_intact_while_cached(tmp_path: Path) -> None:
     worker, store = make_worker(tmp_path, 64 * MiB)
     shape = (512, 2048)  # 2 MiB of bf16
@@ -250,7 +225,7 @@ def test_a_corrupt_entry_is_still_a_miss_and_a_failed_load_returns_its_buffer(
         is_producer=False,
         is_consumer=True,
         model_dtype="bfloat16",
-        measured_widths={},
+        widths=dict(config.encoder_output_widths),
         metadata_resolver=None,
     )
     verdict = sched._verify(entry_name(FP, "a"), Expect("a", FP, "bfloat16", *shape))

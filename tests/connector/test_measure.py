@@ -11,18 +11,19 @@ from pathlib import Path
 import pytest
 
 from e2e.vllm_server import base_env
-from encoderpool_connector.measure import MeasureError, parse_args, publish
+from encoderpool_connector.programs.measure import MeasureError, parse_args, publish
 from encoderpool_contracts import (
     TERMINATION_MESSAGE_LIMIT,
     ModelIdentity,
     WidthReport,
 )
+from encoderpool_contracts.pod import MEASURE_MODULE
 from tests.connector.fixtures import tiny_fingerprint
 
 
 def run_measure(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "encoderpool_connector.measure", *args],
+        [sys.executable, "-m", MEASURE_MODULE, *args],
         env=base_env("0"),
         capture_output=True,
         text=True,
@@ -117,7 +118,8 @@ def test_measure_needs_an_output_and_no_api_access() -> None:
     done = run_measure("--model", "/x")
     assert done.returncode == 2
     assert "--output-file" in done.stderr
-    # The Job no longer talks to the API server: the operator writes the ConfigMap.
+    # The Job does not talk to the API server (the operator writes the ConfigMap): no
+    # ConfigMap flags.
     done = run_measure("--model", "/x", "--output-file", "/tmp/r", "--configmap-namespace", "ns")
     assert done.returncode == 2
     assert "unrecognized arguments: --configmap-namespace" in done.stderr

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import torch
 
-from encoderpool_connector.metadata import WorkerReport
-from encoderpool_connector.ranks import FAULT_ENV, Rank, recompute
+from encoderpool_connector.core.metadata import WorkerReport
+from encoderpool_connector.core.ranks import FAULT_ENV, Rank, recompute
 from encoderpool_connector.rdma.buffer import SharedRegion
 from encoderpool_connector.rdma.metadata import LoadPlan, RdmaMetadata, RdmaWorkerMetadata
 from encoderpool_connector.rdma.worker import RdmaWorker
@@ -150,7 +150,7 @@ class SvConsumer:
             is_producer=False,
             is_consumer=True,
             model_dtype="bfloat16",
-            measured_widths={},
+            widths=dict(config.encoder_output_widths),
             metadata_resolver=None,
         )
         group = Group()
@@ -367,7 +367,7 @@ def test_rdma_ranks_copy_out_fail_together_and_count_once(fail_on: int | None) -
 
 
 def test_recompute_adds_each_item_once_and_replaces_lists() -> None:
-    from encoderpool_connector.ranks import Failing
+    from encoderpool_connector.core.ranks import Failing
 
     held = [1]
     inputs = {"r1": held}
@@ -401,45 +401,3 @@ def test_a_single_rank_agrees_with_itself_without_a_group() -> None:
     rank = Rank(0, 1)
     assert rank.lead
     assert rank.agree([False, True]) == [False, True]
-
-
-def test_a_consumer_of_another_parallelism_is_not_warned_about_the_identity(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """The pool's identity carries the producers' parallelism (the width Job's); a consumer
-    at another tensor-parallel size serves the same model."""
-    import logging
-
-    import vllm
-
-    from encoderpool_connector.startup import measured_widths
-    from encoderpool_contracts import ModelIdentity
-
-    identity = ModelIdentity(model="/m", vllm_version=str(vllm.__version__), tensor_parallel_size=2)
-    config = ConnectorConfig(
-        transport="sharedVolume",
-        model_fingerprint=identity.fingerprint(),
-        model_identity=identity,
-        encoder_output_widths={"image": WIDTH},
-        shared_volume={"root": "/tmp/x", "capacity_bytes": 1 << 20},
-    )
-
-    def engine(tp: int, model: str = "/m") -> SimpleNamespace:
-        return SimpleNamespace(
-            ec_transfer_config=SimpleNamespace(mm_encoder_output_widths={"image": WIDTH}),
-            model_config=SimpleNamespace(
-                model=model, revision=None, dtype=torch.bfloat16, multimodal_config=None
-            ),
-            parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=1),
-        )
-
-    with caplog.at_level(logging.WARNING, logger="vllm.ext"):
-        measured_widths(config, engine(1), producer=False)
-        assert "may be for another model" not in caplog.text
-        measured_widths(config, engine(2), producer=True)
-        assert "may be for another model" not in caplog.text
-        measured_widths(config, engine(1), producer=True)
-        assert "tensor_parallel_size: 2, but vLLM serves 1" in caplog.text
-        caplog.clear()
-        measured_widths(config, engine(1, model="/other"), producer=False)
-        assert "model: '/m', but vLLM serves '/other'" in caplog.text

@@ -1,4 +1,4 @@
-"""The image's vLLM model-class cache (encoderpool_connector.vllm_cache) on the real vLLM:
+"""The image's vLLM model-class cache (encoderpool_connector.programs.vllm_cache) on the real vLLM:
 after ``fill``, vLLM's own start-up lookup is answered from the cache, without the
 inspection subprocess; an entry whose source hash no longer matches is not used. The
 image build runs the same module (docker/vllm.Dockerfile); tests/kind checks the pods'
@@ -19,7 +19,7 @@ ARCH = "Qwen2VLForConditionalGeneration"  # the tiny test model's
 SCRIPT = """
 import importlib.util, json, pathlib, sys
 from vllm.model_executor.models import registry
-from encoderpool_connector.vllm_cache import fill, main
+from encoderpool_connector.programs.vllm_cache import fill, main
 
 arch = sys.argv[1]
 done, skipped = fill([arch, "NoSuchArchitecture"])
@@ -65,7 +65,7 @@ def test_filled_cache_answers_vllms_start_up_lookup(tmp_path: Path) -> None:
 def test_without_a_cache_root_it_says_what_to_set() -> None:
     env = {k: v for k, v in base_env().items() if k != "VLLM_CACHE_ROOT"}
     done = subprocess.run(
-        [sys.executable, "-m", "encoderpool_connector.vllm_cache"],
+        [sys.executable, "-m", "encoderpool_connector.programs.vllm_cache"],
         env=env,
         capture_output=True,
         text=True,

@@ -10,8 +10,12 @@ return their coordinates in ``ec_transfer_params`` (``channel``: coordinates,
 release notices, the side channel); the router hands those to the consumer,
 which pulls each item with a NIXL READ before scheduling it (``transfer``).
 UCX picks verbs on RDMA NICs and TCP or shared memory elsewhere (``UCX_TLS``).
-The connector class is resolved on first access, so ``buffer`` and
-``channel`` (no torch, no vLLM) can be imported alone.
+Messages are signed with the pool's key (``auth``). Like the shared-volume
+transport it is built on ``encoderpool_connector.core`` (the connector class,
+``connector``, subclasses its ``RoleRoutingConnector``; ``scheduler`` and ``worker``
+are the two roles), with its own ``metadata`` and ``stats``. The connector class is
+resolved on first access, so ``buffer`` and ``channel`` (no torch, no vLLM) can be
+imported alone.
 """
 
 from __future__ import annotations

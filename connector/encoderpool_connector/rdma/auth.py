@@ -1,9 +1,10 @@
 """The rdma transport's message authentication: HMAC-SHA256 with the pool's channel key.
 
 The operator creates one Secret per pool and gives its key to every producer and
-consumer of the pool as env ``ENCODERPOOL_CHANNEL_KEY`` (``contracts.CHANNEL_KEY_ENV``).
-With it, everything a consumer acts on before a NIXL connect or READ, and everything a
-producer answers, is signed, and checked with ``hmac.compare_digest``:
+consumer of the pool as env ``ENCODERPOOL_CHANNEL_KEY``
+(``encoderpool_contracts.CHANNEL_KEY_ENV``). With it, everything a consumer acts on
+before a NIXL connect or READ, and everything a producer answers, is signed, and
+checked with ``hmac.compare_digest``:
 
 - **coordinates** (producer -> router -> consumer): bound to the item's ``mm_hash``, the
   model fingerprint and the time they were issued; refused once older than the slot they

@@ -1,5 +1,9 @@
 """``EncoderPoolNixlConnector``: the class vLLM loads for the rdma transport.
 
+The class is named for NIXL, the library that moves the bytes, because that name is a
+contract between images (``encoderpool_contracts.pod.CONNECTOR_CLASSES``); every other
+name in this transport says rdma, and nixl only where it means the library itself.
+
 The scheduler side (slots, coordinates, pulls, the NIXL agents) lives in
 ``scheduler``, the worker side (copies in and out of the shared region) in
 ``worker``; torch is imported only by the worker side. The producer
@@ -16,32 +20,30 @@ from typing import TYPE_CHECKING, ClassVar
 
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata, ECConnectorRole
 
-from encoderpool_connector.connector import RoleRoutingConnector
+from encoderpool_connector.core.routing import RoleRoutingConnector
+from encoderpool_connector.core.startup import encoder_widths
 from encoderpool_connector.rdma.metadata import RdmaMetadata
-from encoderpool_connector.startup import measured_widths
 from encoderpool_contracts import ADVERTISE_HOST_ENV
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+    from encoderpool_connector.core.stats import CounterPromMetrics, CounterStats
     from encoderpool_connector.rdma.scheduler import RdmaScheduler
     from encoderpool_connector.rdma.worker import RdmaWorker
-    from encoderpool_connector.stats import CounterPromMetrics, CounterStats
 
 logger = logging.getLogger("vllm.ext." + __name__)
-
-ADVERTISE_ENV = ADVERTISE_HOST_ENV
 
 
 def advertise_host() -> str:
     """The address consumers reach this producer at: env ENCODERPOOL_ADVERTISE_HOST."""
     from encoderpool_connector.rdma.channel import valid_host
 
-    host = os.environ.get(ADVERTISE_ENV, "").strip() or "127.0.0.1"
+    host = os.environ.get(ADVERTISE_HOST_ENV, "").strip() or "127.0.0.1"
     if not valid_host(host):
         raise ValueError(
-            f"env {ADVERTISE_ENV}={host!r} is not an IP address or DNS name; set it to the "
-            "pod IP (downward API status.podIP)"
+            f"env {ADVERTISE_HOST_ENV}={host!r} is not an IP address or DNS name; "
+            "set it to the pod IP (downward API status.podIP)"
         )
     return host
 
@@ -79,13 +81,13 @@ class EncoderPoolNixlConnector(RoleRoutingConnector):
         key = ChannelKey.from_env()
         if key is None:
             warn_unauthenticated("producer" if self.is_producer else "consumer")
-        measured = measured_widths(self.config, vllm_config, producer=self.is_producer)
+        widths = encoder_widths(self.config, vllm_config, producer=self.is_producer)
         return RdmaScheduler(
             self.config,
             is_producer=self.is_producer,
             is_consumer=self.is_consumer,
             model_dtype=dtype_name(vllm_config.model_config.dtype),
-            widths={**measured, **self.config.encoder_output_widths},
+            widths=widths,
             metadata_resolver=PlaceholderMetadataResolver(vllm_config.model_config),
             advertise_host=advertise_host() if self.is_producer else "127.0.0.1",
             channel_key=key,
@@ -98,6 +100,6 @@ class EncoderPoolNixlConnector(RoleRoutingConnector):
 
     @staticmethod
     def _stats_classes() -> tuple[type[CounterStats], type[CounterPromMetrics]]:
-        from encoderpool_connector.rdma.stats import RdmaECStats, RdmaPromMetrics
+        from encoderpool_connector.rdma.stats import RdmaPromMetrics, RdmaStats
 
-        return RdmaECStats, RdmaPromMetrics
+        return RdmaStats, RdmaPromMetrics

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata
 
-from encoderpool_connector.metadata import WorkerReport
+from encoderpool_connector.core.metadata import WorkerReport
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ local and verified, because vLLM treats that answer as final. Anything else
 corrupt READ, no room) is a miss: the consumer encodes the item itself. A
 slot is reused once the workers report the step that copied out of it (vLLM
 merges all tensor-parallel ranks' reports first); a copy that failed on any
-rank was encoded in that step instead (``ranks``).
+rank was encoded in that step instead (``core.ranks``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from encoderpool_connector.lookups import LookupScheduler, short
+from encoderpool_connector.core.lookups import LookupScheduler, short
 from encoderpool_connector.rdma.auth import OncePerPeer
 from encoderpool_connector.rdma.buffer import (
     HEADER_BYTES,
@@ -50,7 +50,7 @@ from encoderpool_connector.rdma.metadata import (
     RdmaWorkerMetadata,
     WritePlan,
 )
-from encoderpool_connector.rdma.stats import RdmaECStats
+from encoderpool_connector.rdma.stats import RdmaStats
 from encoderpool_connector.rdma.transfer import ProducerAgent, Puller, PullResult
 from encoderpool_contracts import (
     Announcement,
@@ -117,7 +117,7 @@ class RdmaScheduler(LookupScheduler[_Pull]):
         self.advertise_host = advertise_host
         self.key = channel_key
         self._refused_log = OncePerPeer("item coordinates naming")
-        self.stats = RdmaECStats()
+        self.stats = RdmaStats()
         self.region = SharedRegion.create(rd.shm_dir, rd.buffer_bytes)
         self.alloc = SlotAllocator(rd.buffer_bytes)
         self.agent: ProducerAgent | None = None
@@ -214,7 +214,7 @@ class RdmaScheduler(LookupScheduler[_Pull]):
             # Counted here, once per item, however many ranks failed: all ranks encoded it.
             self.stats.add("load_failures", len(worker_meta.failed))
         if worker_meta.stats:
-            self.stats.aggregate(RdmaECStats(data=dict(worker_meta.stats)))
+            self.stats.aggregate(RdmaStats(data=dict(worker_meta.stats)))
 
     def update_state_after_alloc(self, request: Request, index: int) -> None:
         if not self.is_consumer:

@@ -1,13 +1,15 @@
-"""The rdma connector's counters (names and help texts of its metrics)."""
+"""The rdma transport's counters, from one table: ``RdmaStats`` (what vLLM logs) and
+``RdmaPromMetrics`` (``encoderpool_ec_<name>_total``, as ``core.stats`` names every
+transport's metrics)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from encoderpool_connector.stats import CounterPromMetrics, CounterStats
+from encoderpool_connector.core.stats import CounterPromMetrics, CounterStats
 
-# name -> help; every key the RDMA connector counts. Seconds are summed.
+# name -> help; every key the rdma connector counts. Seconds are summed.
 RDMA_COUNTERS: dict[str, str] = {
     "lookups": "Items the consumer looked at (announced by a producer or not).",
     "hits": "Items READ from a producer and verified (the consumer skips its encoder).",
@@ -43,11 +45,13 @@ RDMA_COUNTERS: dict[str, str] = {
 
 
 @dataclass
-class RdmaECStats(CounterStats):
+class RdmaStats(CounterStats):
     """The rdma connector's counters."""
 
     counters: ClassVar[dict[str, str]] = RDMA_COUNTERS
 
 
 class RdmaPromMetrics(CounterPromMetrics):
+    """The rdma connector's counters as Prometheus counters."""
+
     counters: ClassVar[dict[str, str]] = RDMA_COUNTERS

@@ -5,7 +5,7 @@ The region is the scheduler's tmpfs file, mapped here on the first step that
 names it. A producer's copy is one memcpy plus a BLAKE3 of the payload (a few
 milliseconds for a 9 MB item, beside an encoder step of hundreds), done inside
 the step so that the slot is complete before the scheduler announces it.
-Under tensor parallelism (``ranks``) only rank 0 copies in, every rank copies
+Under tensor parallelism (``core.ranks``) only rank 0 copies in, every rank copies
 out, and a load that fails on any rank is encoded by all in the same step.
 """
 
@@ -17,7 +17,9 @@ import time
 import blake3
 import torch
 
-from encoderpool_connector.ranks import Failing, Rank, recompute
+from encoderpool_connector.core.ranks import Failing, Rank, recompute
+from encoderpool_connector.core.stats import LockedStats
+from encoderpool_connector.core.tensors import TORCH_DTYPES, OnDevice
 from encoderpool_connector.rdma.buffer import (
     HEADER_BYTES,
     MAX_DIMS,
@@ -32,9 +34,7 @@ from encoderpool_connector.rdma.metadata import (
     RdmaWorkerMetadata,
     WritePlan,
 )
-from encoderpool_connector.rdma.stats import RdmaECStats
-from encoderpool_connector.stats import LockedStats
-from encoderpool_connector.tensors import TORCH_DTYPES, OnDevice
+from encoderpool_connector.rdma.stats import RdmaStats
 from encoderpool_contracts import ConnectorConfig, dtype_name, payload_bytes
 
 logger = logging.getLogger("vllm.ext." + __name__)
@@ -66,10 +66,7 @@ class RdmaWorker(OnDevice):
         self._pending: dict[str, tuple[WritePlan, float]] = {}
         self._loaded: set[str] = set()
         self._failed: set[str] = set()
-        self.stats = LockedStats(RdmaECStats)
-
-    def _count(self, key: str, value: float = 1) -> None:
-        self.stats.add(key, value)
+        self.stats = LockedStats(RdmaStats)
 
     def _map(self, meta: RdmaMetadata) -> SharedRegion | None:
         """The scheduler's region, mapped once; None (and logged) if the metadata is off."""
@@ -98,12 +95,12 @@ class RdmaWorker(OnDevice):
         now = time.monotonic()
         for mm_hash in [h for h, (_, t) in self._pending.items() if now - t > self.ttl]:
             del self._pending[mm_hash]
-            self._count("saves_dropped")
+            self.stats.add("saves_dropped")
         if not meta.writes:
             self._summary()
             return
         if self._map(meta) is None:
-            self._count("saves_dropped", len(meta.writes))
+            self.stats.add("saves_dropped", len(meta.writes))
             return
         for plan in meta.writes:
             self._pending[plan.mm_hash] = (plan, now)
@@ -115,12 +112,12 @@ class RdmaWorker(OnDevice):
         tensor = encoder_cache.get(mm_hash)
         if entry is None or tensor is None or self.region is None:
             if tensor is not None:  # no plan for it, or the region could not be mapped
-                self._count("saves_dropped")
+                self.stats.add("saves_dropped")
             return
         try:
             self._write(entry[0], tensor)
         except Exception as e:  # never fail the encoder step over a copy
-            self._count("saves_dropped")
+            self.stats.add("saves_dropped")
             logger.warning(
                 "encoderpool: copying item %r to rdma memory failed: %r", mm_hash[:80], e
             )
@@ -134,7 +131,7 @@ class RdmaWorker(OnDevice):
         t = t.contiguous()
         nbytes = t.numel() * t.element_size()
         if nbytes > plan.capacity or not 1 <= t.dim() <= MAX_DIMS:
-            self._count("saves_dropped")
+            self.stats.add("saves_dropped")
             logger.warning(
                 "encoderpool: item %r is %d bytes of shape %s, its slot holds %d; not offered",
                 plan.mm_hash[:80],
@@ -160,9 +157,9 @@ class RdmaWorker(OnDevice):
             digest,
         ).pack()
         view[plan.offset : plan.offset + len(header)] = header
-        self._count("saves")
-        self._count("save_bytes", nbytes)
-        self._count("save_seconds", time.perf_counter() - t0)
+        self.stats.add("saves")
+        self.stats.add("save_bytes", nbytes)
+        self.stats.add("save_seconds", time.perf_counter() - t0)
         self._summary()
 
     def _summary(self, force: bool = False) -> None:
@@ -215,7 +212,7 @@ class RdmaWorker(OnDevice):
             device = self._target_device()
             if device.type != "cpu":
                 tensor = tensor.to(device)
-            self._count("loads")
+            self.stats.add("loads")
             self._loaded.add(plan.mm_hash)
             return tensor
         except (OSError, RuntimeError, ValueError) as e:
@@ -228,11 +225,11 @@ class RdmaWorker(OnDevice):
             )
             return None
         finally:
-            self._count("load_seconds", time.perf_counter() - t0)
+            self.stats.add("load_seconds", time.perf_counter() - t0)
 
     # ---- outputs ----
 
-    def get_ec_connector_stats(self) -> RdmaECStats | None:
+    def get_ec_connector_stats(self) -> RdmaStats | None:
         stats = self.stats.take()
         return stats if self.rank.lead else None
 

@@ -7,9 +7,12 @@
 
 Producers publish each encoder output as one checksummed file (``entry``) in
 a directory every pod of the pool mounts (``store``); consumers verify, pin and
-load it (``scheduler``, ``worker``). The connector class is resolved on first
-access, so ``entry`` and ``store`` (which import neither torch nor vLLM) can be
-imported alone by benchmarks and tests.
+load it (``scheduler``, ``worker``; large payloads in parts, ``split``). Like the
+rdma transport it is built on ``encoderpool_connector.core`` (the connector class,
+``connector``, subclasses its ``RoleRoutingConnector``), with its own ``metadata``
+and ``stats``. The connector class is resolved on first access, so ``entry`` and
+``store`` (which import neither torch nor vLLM) can be imported alone by benchmarks
+and tests.
 """
 
 from __future__ import annotations

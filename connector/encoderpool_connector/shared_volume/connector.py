@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING, ClassVar
 
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata, ECConnectorRole
 
-from encoderpool_connector.connector import RoleRoutingConnector
+from encoderpool_connector.core.routing import RoleRoutingConnector
+from encoderpool_connector.core.startup import encoder_widths
 from encoderpool_connector.shared_volume.metadata import SharedVolumeMetadata
 from encoderpool_connector.shared_volume.store import SharedStore
-from encoderpool_connector.startup import measured_widths
 from encoderpool_contracts.integrity import ChannelKey
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+    from encoderpool_connector.core.stats import CounterPromMetrics, CounterStats
     from encoderpool_connector.shared_volume.scheduler import SharedVolumeScheduler
     from encoderpool_connector.shared_volume.worker import SharedVolumeWorker
-    from encoderpool_connector.stats import CounterPromMetrics, CounterStats
 
 logger = logging.getLogger("vllm.ext." + __name__)
 
@@ -65,14 +65,14 @@ class EncoderPoolSharedVolumeConnector(RoleRoutingConnector):
         from encoderpool_connector.shared_volume.scheduler import SharedVolumeScheduler
         from encoderpool_contracts import dtype_name
 
-        measured = measured_widths(self.config, vllm_config, producer=self.is_producer)
+        widths = encoder_widths(self.config, vllm_config, producer=self.is_producer)
         return SharedVolumeScheduler(
             self.config,
             self._store(),
             is_producer=self.is_producer,
             is_consumer=self.is_consumer,
             model_dtype=dtype_name(vllm_config.model_config.dtype),
-            measured_widths=measured,
+            widths=widths,
             metadata_resolver=PlaceholderMetadataResolver(vllm_config.model_config),
         )
 
@@ -86,8 +86,8 @@ class EncoderPoolSharedVolumeConnector(RoleRoutingConnector):
     @staticmethod
     def _stats_classes() -> tuple[type[CounterStats], type[CounterPromMetrics]]:
         from encoderpool_connector.shared_volume.stats import (
-            EncoderPoolECStats,
-            EncoderPoolPromMetrics,
+            SharedVolumePromMetrics,
+            SharedVolumeStats,
         )
 
-        return EncoderPoolECStats, EncoderPoolPromMetrics
+        return SharedVolumeStats, SharedVolumePromMetrics

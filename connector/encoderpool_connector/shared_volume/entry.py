@@ -282,19 +282,15 @@ def verify_file(path: str, expect: Expect) -> Header:
     """Check header and payload checksum of the entry at ``path``; EntryError if anything is off."""
     fd = open_entry(path)
     try:
-        return verify_fd(fd, expect)
+        return verify_fd_at(fd, expect)[0]
     finally:
         os.close(fd)
 
 
-def verify_fd(fd: int, expect: Expect) -> Header:
-    """Check header (mac first) and payload checksum of an open entry; EntryError if off."""
-    return verify_fd_at(fd, expect)[0]
-
-
 def verify_fd_at(fd: int, expect: Expect) -> tuple[Header, int]:
-    """``verify_fd``, plus the payload's offset in the file: what a later load reads from,
-    so that it never parses the header again."""
+    """Check header (mac first) and payload checksum of an open entry; EntryError if off.
+    Returns the header and the payload's offset in the file: what a later load reads
+    from, so that it never parses the header again."""
     try:
         header, offset = read_prefix(fd)
         check_header(header, expect, os.fstat(fd).st_size, offset)
@@ -328,14 +324,6 @@ def read_payload(fd: int, out: Buffer | np.ndarray, offset: int, nbytes: int) ->
         if n == 0:
             raise EntryError(f"file ended early ({done} of {nbytes} payload bytes)")
         done += n
-
-
-def read_header(path: str) -> Header:
-    fd = open_entry(path)
-    try:
-        return read_prefix(fd)[0]
-    finally:
-        os.close(fd)
 
 
 def _preadinto(fd: int, out: memoryview, offset: int) -> int:

@@ -15,7 +15,7 @@ then encodes the item itself.
 
 A pin is dropped once the workers report the step that loaded it (vLLM merges
 the reports of all tensor-parallel ranks first, so every rank has read it);
-a load that failed on any rank was encoded in that step instead (``ranks``).
+a load that failed on any rank was encoded in that step instead (``core.ranks``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from encoderpool_connector.lookups import LookupScheduler, short
+from encoderpool_connector.core.lookups import LookupScheduler, short
 from encoderpool_connector.shared_volume.entry import (
     EntryError,
     EntryMissing,
@@ -40,7 +40,7 @@ from encoderpool_connector.shared_volume.metadata import (
     SharedVolumeMetadata,
     SharedVolumeWorkerMetadata,
 )
-from encoderpool_connector.shared_volume.stats import EncoderPoolECStats
+from encoderpool_connector.shared_volume.stats import SharedVolumeStats
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
 from encoderpool_contracts import (
     Announcement,
@@ -97,7 +97,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
         is_producer: bool,
         is_consumer: bool,
         model_dtype: str,
-        measured_widths: dict[str, int],
+        widths: dict[str, int],
         metadata_resolver: Any,
     ) -> None:
         super().__init__()
@@ -108,7 +108,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
         self.is_producer = is_producer
         self.is_consumer = is_consumer
         self.model_dtype = model_dtype
-        self.widths = {**measured_widths, **config.encoder_output_widths}
+        self.widths = widths
         self.wait_s = sv.publish_wait_ms / 1000.0
         self.resolver = metadata_resolver
         self.pins = Pins(store)
@@ -116,7 +116,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
         self._pool = ThreadPoolExecutor(sv.verify_threads, thread_name_prefix="ep-verify")
         self._loads: list[LoadSpec] = []
         self._held: dict[str, float] = {}  # pins handed to the workers -> when
-        self.stats = EncoderPoolECStats()
+        self.stats = SharedVolumeStats()
         if is_consumer and store.layout() is None and not store.unsafe:
             logger.warning(
                 "encoderpool: %s does not exist yet (no producer has written to this root); "
@@ -320,7 +320,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
             # Counted here, once per item, however many ranks failed: all ranks encoded it.
             self.stats.add("load_failures", len(worker_meta.failed))
         if worker_meta.stats:
-            self.stats.aggregate(EncoderPoolECStats(data=dict(worker_meta.stats)))
+            self.stats.aggregate(SharedVolumeStats(data=dict(worker_meta.stats)))
 
     def request_finished(self, request: Request) -> dict[str, Any] | None:
         """Forget the request; a producer returns each item's placeholder metadata."""

@@ -40,7 +40,7 @@ T = TypeVar("T")
 
 # Payloads below this are read by the calling thread alone. The caller waits ~60-200 us
 # for the helper's part (mostly its wake-up) on the 2-core VM measured
-# (docs/benchmarks-connector.md, session 7): two parts took 0.90-1.14 of one read's
+# (docs/benchmarks-connector.md): two parts took 0.90-1.14 of one read's
 # time at 4 MiB, 0.84-1.05 at 6 MiB, 0.81-0.95 at 8 MiB.
 MIN_SPLIT_BYTES = 6 << 20
 # Where parts may start, relative to the payload: whole pages of the destination.

@@ -1,15 +1,17 @@
-"""The shared-volume connector's counters (names and help texts of its metrics)."""
+"""The shared-volume transport's counters, from one table: ``SharedVolumeStats`` (what
+vLLM logs) and ``SharedVolumePromMetrics`` (``encoderpool_ec_<name>_total``, as
+``core.stats`` names every transport's metrics)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from encoderpool_connector.stats import CounterPromMetrics, CounterStats
+from encoderpool_connector.core.stats import CounterPromMetrics, CounterStats
 
 # name -> help; every key the shared-volume connector counts. Seconds are summed. Worker
 # counters (loads, load_*) are the lead rank's: one count per item, not per rank.
-SV_COUNTERS: dict[str, str] = {
+SHARED_VOLUME_COUNTERS: dict[str, str] = {
     "lookups": "Items the consumer looked up in the shared volume.",
     "hits": "Lookups that found a verified entry (the consumer skips its encoder).",
     "misses": "Lookups that found no entry (the consumer encodes the item itself).",
@@ -40,11 +42,13 @@ SV_COUNTERS: dict[str, str] = {
 
 
 @dataclass
-class EncoderPoolECStats(CounterStats):
+class SharedVolumeStats(CounterStats):
     """The shared-volume connector's counters."""
 
-    counters: ClassVar[dict[str, str]] = SV_COUNTERS
+    counters: ClassVar[dict[str, str]] = SHARED_VOLUME_COUNTERS
 
 
-class EncoderPoolPromMetrics(CounterPromMetrics):
-    counters: ClassVar[dict[str, str]] = SV_COUNTERS
+class SharedVolumePromMetrics(CounterPromMetrics):
+    """The shared-volume connector's counters as Prometheus counters."""
+
+    counters: ClassVar[dict[str, str]] = SHARED_VOLUME_COUNTERS

@@ -1,14 +1,15 @@
 """Worker side of the shared-volume connector: a background writer (producers), loads (consumers).
 
-The producer's ``save_caches`` only hands a reference to the writer's bounded
-queue; the writer thread copies, checksums, writes a temp file and publishes
-it. A full queue drops the save (counted) instead of stalling the encoder.
+The producer's ``save_caches`` only hands the output to the ``BackgroundWriter``'s
+bounded queue (on an accelerator it first starts the copy to the host,
+``_to_host``); the writer thread checksums, writes a temp file and publishes it.
+A full queue drops the save (counted) instead of stalling the encoder.
 
 The consumer loads only what the scheduler side verified and pinned, with
-one read straight into a reused, already-touched buffer (``LoadBuffers``):
+one read straight into a reused, already-touched buffer (``core.loadbuffers``):
 on CPU the tensor vLLM keeps is a view of it (the buffer is reused only once
 vLLM dropped every reference), on an accelerator a pinned staging buffer the
-device copy is made from. Under tensor parallelism (``ranks``) only rank 0
+device copy is made from. Under tensor parallelism (``core.ranks``) only rank 0
 writes, every rank loads, and the scheduler drops a pin once all ranks have.
 """
 
@@ -27,8 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from encoderpool_connector.loadbuffers import DEFAULT_LOAD_BUFFER_BYTES, LoadBuffers, as_tensor
-from encoderpool_connector.ranks import Failing, Rank, recompute
+from encoderpool_connector.core.loadbuffers import LoadBuffers, as_tensor
+from encoderpool_connector.core.ranks import Failing, Rank, recompute
+from encoderpool_connector.core.stats import LockedStats
+from encoderpool_connector.core.tensors import TORCH_DTYPES, OnDevice
 from encoderpool_connector.shared_volume.entry import EntryError, Header, entry_name
 from encoderpool_connector.shared_volume.metadata import (
     LoadSpec,
@@ -36,14 +39,16 @@ from encoderpool_connector.shared_volume.metadata import (
     SharedVolumeWorkerMetadata,
 )
 from encoderpool_connector.shared_volume.split import SplitReader, default_threads
-from encoderpool_connector.shared_volume.stats import EncoderPoolECStats
+from encoderpool_connector.shared_volume.stats import SharedVolumeStats
 from encoderpool_connector.shared_volume.store import SharedStore
-from encoderpool_connector.stats import LockedStats
-from encoderpool_connector.tensors import TORCH_DTYPES, OnDevice
 from encoderpool_contracts import ConnectorConfig, dtype_name, payload_bytes
 from encoderpool_contracts.integrity import checksum
 
 logger = logging.getLogger("vllm.ext." + __name__)
+
+# A consumer worker's load buffers when the config does not set
+# shared_volume.load_buffer_bytes.
+DEFAULT_LOAD_BUFFER_BYTES = 256 << 20
 
 
 @dataclass
@@ -53,9 +58,9 @@ class _Save:
     ready: Any  # a device event to wait on before reading ``tensor``, or None
 
 
-def writer_stats() -> LockedStats[EncoderPoolECStats]:
+def writer_stats() -> LockedStats[SharedVolumeStats]:
     """Counters shared by the writer thread and the step path."""
-    return LockedStats(EncoderPoolECStats)
+    return LockedStats(SharedVolumeStats)
 
 
 class BackgroundWriter:
@@ -66,7 +71,7 @@ class BackgroundWriter:
         store: SharedStore,
         fingerprint: str,
         maxsize: int,
-        stats: LockedStats[EncoderPoolECStats],
+        stats: LockedStats[SharedVolumeStats],
     ) -> None:
         self.store = store
         self.fingerprint = fingerprint
@@ -82,13 +87,7 @@ class BackgroundWriter:
 
     def submit(self, mm_hash: str, tensor: torch.Tensor) -> bool:
         """Queue a save without blocking; False (and counted) when the queue is full."""
-        ready = None
-        t = tensor.detach()
-        if t.device.type != "cpu":
-            # Start the device-to-host copy now; the writer waits for it, not the encoder.
-            t = t.to("cpu", non_blocking=True)
-            ready = torch.Event()
-            ready.record()
+        t, ready = self._to_host(tensor)
         try:
             self._queue.put_nowait(_Save(mm_hash, t, ready))
         except queue.Full:
@@ -104,6 +103,19 @@ class BackgroundWriter:
             return False
         self.stats.add("saves_queued")
         return True
+
+    @staticmethod
+    def _to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """The save's bytes on the host, and the event to wait on before reading them (None
+        for a CPU tensor, which is queued as it is). A device copy starts now, on the step
+        path; the writer thread waits for it, not the encoder."""
+        t = tensor.detach()
+        if t.device.type == "cpu":
+            return t, None
+        t = t.to("cpu", non_blocking=True)
+        ready = torch.Event()
+        ready.record()
+        return t, ready
 
     def flush(self) -> None:
         """Block until everything queued so far is written (tests, benchmarks, shutdown)."""
@@ -347,7 +359,7 @@ class SharedVolumeWorker(OnDevice):
 
     # ---- outputs ----
 
-    def get_ec_connector_stats(self) -> EncoderPoolECStats | None:
+    def get_ec_connector_stats(self) -> SharedVolumeStats | None:
         stats = self.stats.take()
         return stats if self.rank.lead else None
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from encoderpool_connector.loadbuffers import LoadBuffers
+from encoderpool_connector.core.loadbuffers import LoadBuffers
 from encoderpool_connector.shared_volume import split
 from encoderpool_connector.shared_volume.entry import EntryError, read_payload
 from encoderpool_connector.shared_volume.metadata import SharedVolumeMetadata
@@ -25,7 +25,7 @@ from encoderpool_connector.shared_volume.split import MIN_SPLIT_BYTES, SplitRead
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
 from encoderpool_connector.shared_volume.worker import SharedVolumeWorker
 from encoderpool_contracts import ConnectorConfig
-from tests.connector.test_loadbuffers import FP, put, spec_for
+from tests.connector.shared_volume.fixtures import FP, put, spec_for
 
 MiB = 1 << 20
 OFFSET = 64  # where an entry's payload starts for a short header

@@ -198,7 +198,7 @@ def test_an_announcement_of_another_model_is_a_miss_not_a_wait(tmp_path: Path) -
         is_producer=False,
         is_consumer=True,
         model_dtype="bfloat16",
-        measured_widths={},
+        widths=dict(config.encoder_output_widths),
         metadata_resolver=None,
     )
 
@@ -254,7 +254,7 @@ def test_a_hostile_writer_s_entries_are_misses_never_hangs_or_huge_buffers(
     assert secret.read_bytes() == b"not yours"
 
 
-# ---- a hostile writer replaces directories (issue 13 item 7) ----
+# ---- a hostile writer replaces directories ----
 
 OLD = 10_000.0  # seconds: older than every stale-file sweep's bound
 
@@ -533,7 +533,7 @@ def test_a_keyed_consumer_counts_unsigned_entries_as_unauthenticated(tmp_path: P
         is_producer=False,
         is_consumer=True,
         model_dtype="bfloat16",
-        measured_widths={},
+        widths=dict(config.encoder_output_widths),
         metadata_resolver=None,
     )
 

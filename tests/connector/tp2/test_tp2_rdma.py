@@ -20,9 +20,9 @@ import pytest
 
 from e2e.media import chat_request, encoder_request, image, image_part, token_ids
 from e2e.vllm_server import VllmServer, free_port, tensor_parallel
-from encoderpool_connector.ranks import FAULT_ENV
-from tests.connector.fixtures import EpFactory, tiny_fingerprint
-from tests.connector.rdma.fixtures import CONNECTOR, MODULE, UCX_ENV, metric, rdma_config
+from encoderpool_connector.core.ranks import FAULT_ENV
+from tests.connector.fixtures import EpFactory, metric, tiny_fingerprint
+from tests.connector.rdma.fixtures import CONNECTOR, MODULE, UCX_ENV, rdma_config
 from tests.router.fixtures import encoded_hashes
 
 pytestmark = pytest.mark.vllm

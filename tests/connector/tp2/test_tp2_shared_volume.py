@@ -20,11 +20,10 @@ import pytest
 
 from e2e.media import chat_request, encoder_request, image, image_part, token_ids
 from e2e.vllm_server import VllmServer, tensor_parallel
-from encoderpool_connector.ranks import FAULT_ENV
+from encoderpool_connector.core.ranks import FAULT_ENV
 from encoderpool_connector.shared_volume.entry import entry_name
 from encoderpool_contracts import CHANNEL_KEY_ENV
-from tests.connector.fixtures import EpFactory, sv_config, tiny_fingerprint
-from tests.connector.rdma.fixtures import metric
+from tests.connector.fixtures import EpFactory, metric, sv_config, tiny_fingerprint
 from tests.router.fixtures import encoded_hashes
 from tests.waiting import wait_until
 

@@ -1,10 +1,10 @@
 """The width Job: measure a model's encoder outputs the way the pool will serve it.
 
-    python -m encoderpool_connector.measure --model /models/x [--dtype bfloat16]
-        [--tensor-parallel-size N] [--limit-mm-per-prompt JSON] [--revision R]
-        --output-file report.json
-    python -m encoderpool_connector.measure --identity <ModelIdentity JSON> [--max-model-len N]
-        --output-file /dev/termination-log          # as the operator's width Job runs it
+    python -m encoderpool_connector.programs.measure --model /models/x
+        [--dtype bfloat16] [--tensor-parallel-size N] [--limit-mm-per-prompt JSON]
+        [--revision R] --output-file report.json
+    python -m encoderpool_connector.programs.measure --identity <ModelIdentity JSON>
+        [--max-model-len N] --output-file /dev/termination-log   # as the width Job runs it
 
 It starts the engine as an EC producer (encoder only, no KV cache), which
 makes vLLM encode a dummy item per modality and record each width, exactly as
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from encoderpool_contracts import DTYPE_BYTES, ModelIdentity, WidthReport
+from encoderpool_contracts.pod import MEASURE_MODULE
 
 logger = logging.getLogger("vllm.ext." + __name__)
 
@@ -42,7 +43,7 @@ class MeasureError(Exception):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m encoderpool_connector.measure", description=__doc__)
+    p = argparse.ArgumentParser(prog=f"python -m {MEASURE_MODULE}", description=__doc__)
     p.add_argument(
         "--identity",
         type=ModelIdentity.model_validate_json,

@@ -1,8 +1,10 @@
 """Start-up checks both transports make, so they cannot drift apart.
 
-The config is parsed once, the transport must be the connector's own, the
-configured widths must equal what this engine's encoder emits, and the model
-vLLM serves should be the one the width report was measured for.
+The config is parsed once, the transport must be the connector's own
+(``parse_config``); the configured widths must equal what this engine's encoder
+emits, the model vLLM serves should be the one the width report was measured for,
+and the widths a scheduler checks items against are merged here, once
+(``encoder_widths``).
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ def parse_config(vllm_config: Any, transport: str, connector: str) -> ConnectorC
     return config
 
 
-def measured_widths(
+def encoder_widths(
     config: ConnectorConfig, vllm_config: Any, *, producer: bool = True
 ) -> dict[str, int]:
-    """What this engine measured (producers do at start-up); ValueError if the config disagrees.
+    """The encoder output width per modality a scheduler checks items against: what this
+    engine measured (producers do at start-up) and what the config names (the width
+    report's), which must agree where both name a modality (else ValueError).
 
     Also warns when the served model is not the one the config's identity names:
     a warning, because the fingerprint only namespaces cache entries and every
@@ -70,4 +74,4 @@ def measured_widths(
             served.model_dump_json(),
             served.fingerprint(),
         )
-    return measured
+    return {**measured, **config.encoder_output_widths}

@@ -36,8 +36,6 @@ import torch
 
 logger = logging.getLogger("vllm.ext." + __name__)
 
-# The pool's limit when the config does not set shared_volume.load_buffer_bytes.
-DEFAULT_LOAD_BUFFER_BYTES = 256 << 20
 # Below this a fresh allocation is about as fast (malloc reuses warm heap memory)
 # and a slot would mostly hold unused bytes.
 MIN_POOLED_BYTES = 1 << 20

@@ -12,7 +12,7 @@ costs only the subprocess again, never a wrong answer. This uses vLLM's private 
 API (the image pins vLLM 0.32); if that API moves, the build prints why and goes on
 without the cache instead of failing.
 
-    python -m encoderpool_connector.vllm_cache [ARCH ...]   # default: every architecture
+    python -m encoderpool_connector.programs.vllm_cache [ARCH ...]   # default: every architecture
 
 It imports nothing of ours, so the image runs it as a plain script before our install.
 """

@@ -19,7 +19,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorRole,
 )
 
-from encoderpool_connector.startup import parse_config
+from encoderpool_connector.core.startup import parse_config
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import ECConnectorOutput
     from vllm.v1.request import Request
 
-    from encoderpool_connector.stats import CounterPromMetrics, CounterStats
+    from encoderpool_connector.core.stats import CounterPromMetrics, CounterStats
 
 logger = logging.getLogger("vllm.ext." + __name__)
 

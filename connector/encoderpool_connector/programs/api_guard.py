@@ -7,8 +7,8 @@ vLLM's own ``--api-key`` (``VLLM_API_KEY``) guards only paths under ``/v1``,
 reaches a producer or consumer could still use it. This guard refuses every
 request without ``Authorization: Bearer <VLLM_API_KEY>`` except the kubelet's
 probe (``/health``) and the scrapers' ``/metrics``. The operator loads it with
-``vllm serve --middleware encoderpool_connector.api_guard.RequireApiKey``;
-it depends on nothing but the standard library and the contracts' names.
+``vllm serve --middleware`` and the contracts' ``API_GUARD_MIDDLEWARE``; it depends
+on nothing but the standard library and the contracts' names.
 """
 
 from __future__ import annotations
@@ -22,11 +22,8 @@ from typing import Any
 
 from encoderpool_contracts.pod import API_GUARD_MIDDLEWARE, VLLM_API_KEY_ENV
 
-API_KEY_ENV = VLLM_API_KEY_ENV
 # Answered without the key: the kubelet's probes and Prometheus scrapers.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/metrics/"})
-# What ``--middleware`` names (the operator renders it; tests start vLLM with it).
-MIDDLEWARE = API_GUARD_MIDDLEWARE
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -47,11 +44,11 @@ class RequireApiKey:
     """
 
     def __init__(self, app: App) -> None:
-        key = os.environ.get(API_KEY_ENV, "")
+        key = os.environ.get(VLLM_API_KEY_ENV, "")
         if not key:
             raise RuntimeError(
-                f"{API_KEY_ENV} is empty: {MIDDLEWARE} refuses to serve without a key "
-                "(the operator sets it from the pool's internal Secret)"
+                f"{VLLM_API_KEY_ENV} is empty: {API_GUARD_MIDDLEWARE} refuses to serve "
+                "without a key (the operator sets it from the pool's internal Secret)"
             )
         self.app = app
         self._want = _digest(f"Bearer {key}".encode())
