@@ -42,7 +42,7 @@ def plant(root: Path, path: str, text: str) -> None:
         ("contracts/encoderpool_contracts/x.py", "import encoderpool_router\n", "contracts"),
         (
             "operator/encoderpool_operator/x.py",
-            "from encoderpool_connector import api_guard\n",
+            "from encoderpool_connector.programs import api_guard\n",
             "operator",
         ),
         ("operator/encoderpool_operator/x.py", "def f() -> None:\n    import torch\n", "operator"),
@@ -58,8 +58,54 @@ def plant(root: Path, path: str, text: str) -> None:
             "from encoderpool_connector.rdma import auth\n",
             "transports",
         ),
+        (
+            "connector/encoderpool_connector/core/x.py",
+            "def f() -> None:\n    from encoderpool_connector.shared_volume import store\n",
+            "core",
+        ),
+        ("connector/encoderpool_connector/core/x.py", "from ..rdma import buffer\n", "core"),
+        (
+            "connector/encoderpool_connector/core/x.py",
+            "from encoderpool_connector.programs.measure import main\n",
+            "core",
+        ),
+        (
+            "connector/encoderpool_connector/rdma/x.py",
+            "from ..programs import api_guard\n",
+            "transport-program",
+        ),
+        (
+            "connector/encoderpool_connector/programs/x.py",
+            "import encoderpool_connector.shared_volume.entry\n",
+            "program-transport",
+        ),
+        (
+            "connector/encoderpool_connector/programs/api_guard.py",
+            "from ..core import stats\n",
+            "api-guard",
+        ),
+        (
+            "connector/encoderpool_connector/programs/vllm_cache.py",
+            "from encoderpool_contracts import DTYPE_BYTES\n",
+            "vllm-cache",
+        ),
     ],
-    ids=["contracts", "operator", "operator-lazy", "router", "connector", "relative", "absolute"],
+    ids=[
+        "contracts",
+        "operator",
+        "operator-lazy",
+        "router",
+        "connector",
+        "relative",
+        "absolute",
+        "core-transport-lazy",
+        "core-transport-relative",
+        "core-program",
+        "transport-program",
+        "program-transport",
+        "api-guard",
+        "vllm-cache",
+    ],
 )
 def test_a_planted_violation_is_named(tmp_path: Path, path: str, text: str, rule: str) -> None:
     plant(tmp_path, path, text)
@@ -70,6 +116,16 @@ def test_a_planted_violation_is_named(tmp_path: Path, path: str, text: str, rule
 
 def test_allowed_imports_pass(tmp_path: Path) -> None:
     plant(tmp_path, "connector/encoderpool_connector/rdma/x.py", "from ..core import y\n")
+    plant(
+        tmp_path,
+        "connector/encoderpool_connector/programs/measure.py",
+        "from encoderpool_connector.core import startup\nimport encoderpool_contracts\n",
+    )
+    plant(
+        tmp_path,
+        "connector/encoderpool_connector/programs/api_guard.py",
+        "from encoderpool_contracts.pod import API_GUARD_MIDDLEWARE\n",
+    )
     plant(
         tmp_path,
         "connector/encoderpool_connector/shared_volume/x.py",

@@ -6,8 +6,15 @@ independently; what crosses between them lives in ``encoderpool_contracts``. So:
 - contracts import nothing of ours (every image carries them as they are);
 - the operator, its code generator and the router never import the connector (their
   images have no vLLM or torch), nor each other;
-- the connector's transports import the connector's core and the contracts, never
-  each other (a change in one transport cannot change the other's format);
+- the connector is layered: its core (``encoderpool_connector.core``) imports neither
+  transport; the transports (``shared_volume``, ``rdma``) import the core and the
+  contracts, never each other (a change in one transport cannot change the other's
+  format); the programs beside the connector (``programs``: the width Job, the API
+  guard, the image build's cache filler) are imported by neither the core nor a
+  transport, and import no transport themselves;
+- the API guard imports only the standard library and the contracts (vLLM's API server
+  loads it by name), and the image build's cache filler nothing of ours (it runs as a
+  plain script before encoderpool is installed);
 - the connector never imports kopf or the Kubernetes client (it installs into a vLLM
   image), and the operator and router never import torch or vLLM.
 
@@ -64,14 +71,38 @@ RULES = (
         "the connector installs into a vLLM image, without the operator's packages",
     ),
     Rule(
+        "encoderpool_connector.core",
+        (
+            "encoderpool_connector.shared_volume",
+            "encoderpool_connector.rdma",
+            "encoderpool_connector.programs",
+        ),
+        "the connector's core is what both transports build on: it imports neither",
+    ),
+    Rule(
         "encoderpool_connector.shared_volume",
-        ("encoderpool_connector.rdma",),
-        "transports never import each other",
+        ("encoderpool_connector.rdma", "encoderpool_connector.programs"),
+        "transports never import each other, nor the programs",
     ),
     Rule(
         "encoderpool_connector.rdma",
-        ("encoderpool_connector.shared_volume",),
-        "transports never import each other",
+        ("encoderpool_connector.shared_volume", "encoderpool_connector.programs"),
+        "transports never import each other, nor the programs",
+    ),
+    Rule(
+        "encoderpool_connector.programs",
+        ("encoderpool_connector.shared_volume", "encoderpool_connector.rdma"),
+        "the programs are not the connector: they run where no transport is loaded",
+    ),
+    Rule(
+        "encoderpool_connector.programs.api_guard",
+        ("encoderpool_connector", "torch", "vllm"),
+        "vLLM's API server loads the guard by name: the standard library and the contracts only",
+    ),
+    Rule(
+        "encoderpool_connector.programs.vllm_cache",
+        ("encoderpool_connector", "encoderpool_contracts"),
+        "the image build runs it as a plain script, before encoderpool is installed",
     ),
 )
 # Where each top-level package lives in the tree.
