@@ -1,10 +1,9 @@
-"""What the RDMA connector's real-engine tests share: configs, the pool's handle
-(``RdmaPool``; the package's pool itself is ``rdma_pool`` in conftest.py), metrics.
+"""What the rdma connector's real-engine tests share: configs and the pool's handle
+(``RdmaPool``; the package's pool itself is ``rdma_pool`` in conftest.py).
 """
 
 from __future__ import annotations
 
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,16 +40,6 @@ def rdma_config(fingerprint: str, port: int, **settings: Any) -> dict[str, Any]:
         rdma=rdma,
     )
     return cfg.to_extra_config()
-
-
-def metric(server: VllmServer, name: str) -> float:
-    """Sum of a Prometheus counter over its label sets (0 when not exported yet)."""
-    import re
-
-    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", re.M)
-    return sum(float(v) for v in pattern.findall(text))
 
 
 @dataclass

@@ -20,7 +20,8 @@ from e2e.vllm_server import post_json
 from encoderpool_connector.rdma.auth import COORDINATES, META_REPLY
 from encoderpool_connector.rdma.channel import encode_frame, fetch_peer, meta_request, read_frame
 from encoderpool_contracts.integrity import ChannelKey
-from tests.connector.rdma.fixtures import CHANNEL_KEY, RdmaPool, metric
+from tests.connector.fixtures import metric
+from tests.connector.rdma.fixtures import CHANNEL_KEY, RdmaPool
 from tests.connector.rdma.slow_loris import slow_loris
 
 KEY = ChannelKey(CHANNEL_KEY.encode())

@@ -436,7 +436,7 @@ def test_rdma_settings_parse_and_name_bad_keys() -> None:
         )
 
 
-# ---- the channel key (issue 13: an authenticated side channel) ----
+# ---- the channel key: an authenticated side channel ----
 
 KEY = ChannelKey(b"unit-test-channel-key-0123456789")
 OTHER = ChannelKey(b"another-pool-s-key-0123456789ab")

@@ -15,8 +15,8 @@ import pytest
 
 from e2e.media import Video, chat_request, encoder_request, image, token_ids, video, video_part
 from e2e.vllm_server import post_json
-from tests.connector.fixtures import TINY_WIDTHS, producer_widths
-from tests.connector.rdma.fixtures import RdmaPool, metric
+from tests.connector.fixtures import TINY_WIDTHS, metric, producer_widths
+from tests.connector.rdma.fixtures import RdmaPool
 
 pytestmark = pytest.mark.vllm
 

@@ -9,9 +9,7 @@ that pool starts, so only its own four servers and the session's monolithic one 
 
 from __future__ import annotations
 
-import re
 import threading
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,17 +18,9 @@ from e2e.media import chat_request, encoder_request, image, image_part, token_id
 from e2e.vllm_server import VllmServer
 from encoderpool_connector.shared_volume.entry import entry_name
 from encoderpool_connector.shared_volume.store import SharedStore
-from tests.connector.fixtures import EpFactory, sv_config, tiny_fingerprint
+from tests.connector.fixtures import EpFactory, metric, sv_config, tiny_fingerprint
 
 pytestmark = pytest.mark.vllm
-
-
-def metric(server: VllmServer, name: str) -> float:
-    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(
-        float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
-    )
 
 
 CAPACITY = 1 << 20

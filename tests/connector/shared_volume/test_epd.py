@@ -29,6 +29,7 @@ from encoderpool_connector.shared_volume.entry import (
     parse_prefix,
 )
 from encoderpool_contracts.integrity import ChannelKey, checksum
+from tests.connector.fixtures import metric
 from tests.connector.shared_volume.fixtures import KEY, SvServers
 from tests.waiting import wait_until
 
@@ -69,14 +70,6 @@ class Pool:
         path = self.entry(mm_hash)
         wait_until(f"entry of {mm_hash} published", path.is_file, timeout=30)
         return path
-
-
-def metric(server: VllmServer, name: str) -> float:
-    """Sum of a Prometheus counter over its label sets (0 when not exported yet)."""
-    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", re.M)
-    return sum(float(v) for v in pattern.findall(text))
 
 
 def encoder_ran(server: VllmServer, mm_hash: str) -> bool:
@@ -200,7 +193,7 @@ def test_pins_are_released_after_loading(pool: Pool) -> None:
     assert [p for p in _tree(pins) if (pins / p).is_file()] == []
 
 
-# ---- a hostile writer on the volume (issue 13 item 7) ----
+# ---- a hostile writer on the volume ----
 
 
 def _embedding_of(pool: Pool, png: bytes) -> tuple[Header, bytes]:
