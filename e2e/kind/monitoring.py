@@ -126,10 +126,10 @@ def prometheus_objects(image: str) -> list[dict[str, Any]]:
                             {
                                 "name": "prometheus",
                                 "image": image,
-                                "command": ["/prometheus"],
+                                "command": ["/bin/prometheus"],
                                 "args": [
                                     "--config.file=/etc/prometheus/prometheus.yml",
-                                    "--storage.tsdb.path=/prometheus",
+                                    "--storage.tsdb.path=/data",
                                     "--storage.tsdb.retention.time=2h",
                                     f"--web.listen-address=:{PROMETHEUS_PORT}",
                                 ],
@@ -149,7 +149,7 @@ def prometheus_objects(image: str) -> list[dict[str, Any]]:
                                 },
                                 "volumeMounts": [
                                     {"name": "config", "mountPath": "/etc/prometheus"},
-                                    {"name": "data", "mountPath": "/prometheus"},
+                                    {"name": "data", "mountPath": "/data"},
                                 ],
                             }
                         ],

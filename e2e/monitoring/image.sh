@@ -11,12 +11,12 @@ key=$( { cat "$here/Dockerfile"; sha256sum "$bin/prometheus" "$bin/keda" "$bin/k
 image=encoderpool.local/monitoring:$key
 if ! /usr/bin/docker image inspect "$image" >/dev/null 2>&1; then
   ctx=$cache/images/ctx/monitoring
-  rm -rf "$ctx"; mkdir -p "$ctx/bin" "$ctx/rootfs/etc" "$ctx/rootfs/tmp" "$ctx/rootfs/prometheus"
+  rm -rf "$ctx"; mkdir -p "$ctx/bin" "$ctx/rootfs/etc" "$ctx/rootfs/tmp" "$ctx/rootfs/data"
   cp -l "$bin/prometheus" "$bin/keda" "$bin/keda-adapter" "$ctx/bin/" 2>/dev/null || cp "$bin/prometheus" "$bin/keda" "$bin/keda-adapter" "$ctx/bin/"
   cp "$here/Dockerfile" "$ctx/"
   printf 'root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > "$ctx/rootfs/etc/passwd"
   printf 'root:x:0:\nnonroot:x:65532:\n' > "$ctx/rootfs/etc/group"
-  chmod 1777 "$ctx/rootfs/tmp"; chown 65532:65532 "$ctx/rootfs/prometheus"
+  chmod 1777 "$ctx/rootfs/tmp"; chown 65532:65532 "$ctx/rootfs/data"
   /usr/bin/docker build --network none -q -t "$image" "$ctx" >/dev/null
   /usr/bin/docker images --format '{{.Repository}}:{{.Tag}}' encoderpool.local/monitoring | grep -vxF "$image" | xargs -r /usr/bin/docker rmi >/dev/null 2>&1 || true
 fi
