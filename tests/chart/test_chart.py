@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,35 +15,16 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from e2e.cluster.runner import bin_dir
 from encoderpool_codegen import chart, crd
 from encoderpool_operator import rbac
+from tests.chart.fixtures import CHART, REPO, documents, helm
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "encoderpool-operator"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "chart-default.yaml"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 
 
-def helm(
-    *args: str, check: bool = True, kubeconfig: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    """The built helm 4 (e2e/cluster/build.sh), with no user config or cache leaking in."""
-    argv = [str(bin_dir() / "helm"), *args]
-    if kubeconfig is not None:
-        argv += ["--kubeconfig", str(kubeconfig)]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=180)
-    if check and res.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed ({res.returncode}):\n{res.stderr}")
-    return res
-
-
 def template(*args: str, release: str = "ep", namespace: str = "encoderpool-system") -> str:
     return helm("template", release, str(CHART), "--namespace", namespace, *args).stdout
-
-
-def documents(manifest: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(manifest) if d]
 
 
 def by_kind(manifest: str) -> dict[str, dict[str, Any]]:

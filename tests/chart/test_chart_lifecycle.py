@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.cluster import LocalCluster
-from tests.chart.test_chart import CHART, helm
+from tests.chart.fixtures import CHART, helm
 from tests.operator.fixtures import get_json, sample_pool
 
 pytestmark = pytest.mark.cluster

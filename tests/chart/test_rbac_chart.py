@@ -35,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e.cluster import LocalCluster
 from e2e.cluster.kubelet import service_account_kubeconfig
 from encoderpool_operator import rbac
-from tests.chart.test_chart import CHART, documents, helm
+from tests.chart.fixtures import CHART, documents, helm
 from tests.operator.fixtures import (
     WIDTH_JOB_PODS,
     condition,
