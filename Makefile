@@ -21,7 +21,7 @@ help:
 	@echo "make demo       - the pool as users run it: kind, images, the chart, a sample EncoderPool, a request"
 	@echo "make demo-local - the same without Docker: local control plane, pods as local processes"
 	@echo "make test       - everything: lint, types, unit tests, real vLLM, real control plane, kind"
-	@echo "make lint       - ruff, ruff format, mypy (the gate of make test)"
+	@echo "make lint       - ruff, ruff format, mypy, import rules (the gate of make test)"
 	@echo "make crds       - regenerate crds/ and the chart's generated files from the pydantic models"
 
 venv:

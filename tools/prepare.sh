@@ -2,7 +2,8 @@
 # Build or fetch everything `make test` needs, in two lanes at once, so a cold machine
 # spends its network time and its CPU time side by side instead of one after the other:
 #   network lane: the venv, the image wheelhouses and Debian base, the kind node's rootfs
-#   CPU lane:     the local control plane's binaries, then kind's (Go)
+#   CPU lane:     the local control plane's binaries, then kind's, then the monitoring
+#                 test bed's (Prometheus, KEDA, kstatus; all Go)
 # Each step is cached by content outside the repo: a warm run returns in seconds. Logs of
 # each lane go to $ENCODERPOOL_CACHE/prepare-*.log; a failed lane fails this script and
 # prints its log's tail.
@@ -20,6 +21,7 @@ network() {
 cpu() {
   "$root/e2e/cluster/build.sh" >/dev/null
   "$root/e2e/kind/build.sh" >/dev/null
+  "$root/e2e/monitoring/build.sh" >/dev/null
 }
 
 network >"$cache/prepare-network.log" 2>&1 & net=$!
