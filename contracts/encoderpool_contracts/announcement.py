@@ -8,7 +8,7 @@ sets them on the consumer request (dropping any a client sent); the consumer
 reads the announcement of each item it schedules. Producer, router and
 consumer use this one model, so the envelope cannot drift; to a consumer it is
 hostile input, parsed and never trusted. The rdma coordinates inside are the
-rdma transport's own format (``encoderpool_connector.rdma.wire``), validated there.
+rdma transport's own format (``encoderpool_connector.rdma.channel``), validated there.
 """
 
 from __future__ import annotations
