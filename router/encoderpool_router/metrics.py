@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from encoderpool_router.backends import IGNORED_REASONS
+from encoderpool_router.discovery import IGNORED_REASONS
 from encoderpool_router.policy import CONSUMER_CHOICES
 
 # Every error kind the router counts; pre-created so dashboards see zeros, not gaps.

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Literal
 
-from encoderpool_router.backends import Backend
+from encoderpool_router.backends import Backend, usable
 
 # How a consumer was chosen (the ``choice`` label of encoderpool_router_consumer_choices_total).
 ConsumerChoice = Literal["least_busy", "affinity", "next_ranked", "over_bound", "no_media"]
@@ -49,13 +49,6 @@ def hrw_rank(key: bytes, backends: Sequence[Backend]) -> list[Backend]:
         return hashlib.blake2b(key + b.url.encode(), digest_size=8).digest()
 
     return sorted(backends, key=weight, reverse=True)
-
-
-def usable(backends: Sequence[Backend], now: float | None = None) -> list[Backend]:
-    """The backends not ejected after a failure; all of them if every one was ejected."""
-    t = time.monotonic() if now is None else now
-    fine = [b for b in backends if b.ejected_until <= t]
-    return fine or list(backends)
 
 
 def choose_producer(key: bytes, backends: Sequence[Backend], load_bound: int) -> Backend | None:

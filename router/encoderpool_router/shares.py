@@ -11,10 +11,13 @@ shares the proxy's address: turn tokens on for real per-client shares).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from aiohttp import web
 
 from encoderpool_router.auth import bearer_token
+from encoderpool_router.protocol import over_share
 
 
 def client_of(request: web.Request, by_token: bool) -> str:
@@ -36,6 +39,29 @@ class Shares:
         self.max_items = max_items
         self._requests: dict[str, int] = {}
         self._items: dict[str, int] = {}
+
+    @contextmanager
+    def request(self, client: str) -> Iterator[None]:
+        """One request of ``client`` in flight for the block; ``Refused`` (429) past its share."""
+        if not self.admit(client):
+            message = f"at most {self.max_requests} requests in flight per client"
+            raise over_share(message, "client_requests_limit")
+        try:
+            yield
+        finally:
+            self.leave(client)
+
+    @contextmanager
+    def items(self, client: str, n: int) -> Iterator[None]:
+        """``n`` items of ``client`` at the producers for the block; ``Refused`` (429) past
+        its share."""
+        if not self.reserve_items(client, n):
+            message = f"at most {self.max_items} media items in flight per client"
+            raise over_share(message, "client_items_limit")
+        try:
+            yield
+        finally:
+            self.release_items(client, n)
 
     def admit(self, client: str) -> bool:
         """One more request of ``client``, unless it has ``max_requests`` in flight."""

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from encoderpool_router.backends import (
+from encoderpool_router.backends import BackendSet
+from encoderpool_router.discovery import (
     MANAGED_BY_LABEL,
     SERVICE_NAME_LABEL,
     SLICE_CONTROLLER,
-    BackendSet,
     EndpointSliceWatcher,
     KubeClient,
     kube_client,
@@ -387,7 +387,7 @@ def test_slices_of_a_service_the_pool_does_not_control_are_never_used(
 
 
 def test_a_recreated_service_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("encoderpool_router.backends.SERVICE_RECHECK_S", 0.0)
+    monkeypatch.setattr("encoderpool_router.discovery.SERVICE_RECHECK_S", 0.0)
 
     async def scenario() -> None:
         api = FakeApi()

@@ -1,0 +1,243 @@
+"""Encoding a request's media items on producers, and the fallback to the consumer.
+
+Each distinct item of a request goes alone to a producer of its modality's group
+(``max_tokens: 1``), concurrently: at most ``--max-encodes-per-request`` of one request
+and ``--max-producer-requests`` of all requests at once. The producers'
+``ec_transfer_params`` are merged for the consumer. An item no producer encodes is left
+to the consumer, which encodes it itself: its modality has no group, no producer slot
+came free within ``--producer-timeout-s``, no producer is known, or the producer failed.
+A failed encode never fails the request.
+
+``Encoder.decide`` is where an item's way is chosen; a group's ``Backlog`` (items
+waiting for a producer slot, items in flight on each producer) is what it sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import aiohttp
+
+from encoderpool_contracts import EC_TRANSFER_PARAMS, Announcement, raw_announcement
+from encoderpool_router.backends import Backend, BackendSet, Calls, ProducerGroups
+from encoderpool_router.body import ClientBody
+from encoderpool_router.config import RouterSettings
+from encoderpool_router.content import modality
+from encoderpool_router.intake import Media
+from encoderpool_router.media import encoder_request_parts
+from encoderpool_router.metrics import RouterMetrics
+from encoderpool_router.parts import payload
+from encoderpool_router.policy import RecentlyEncoded, choose_producer
+from encoderpool_router.protocol import CHAT_PATH
+from encoderpool_router.upstream import JSON, Upstream, UpstreamError
+
+logger = logging.getLogger(__name__)
+
+# Where an item was encoded: the ``encoded`` label of encoderpool_router_media_items_total.
+Encoded = Literal["remote", "local", "reused"]
+# What ``Encoder.decide`` chose for an item: a producer, the consumer, or no encode (reused).
+Way = Literal["producer", "local", "reused"]
+
+
+class Backlog:
+    """The work of one producer group, live: ``waiting``, items sent its way that wait for
+    a slot among all clients' producer requests, and the items in flight on each of its
+    producers (``Backend.in_flight``, kept by ``Calls.track``)."""
+
+    __slots__ = ("producers", "waiting")
+
+    def __init__(self, producers: BackendSet) -> None:
+        self.producers = producers
+        self.waiting = 0
+
+    @property
+    def ready(self) -> int:
+        """Producers known (ready endpoints, or the static list)."""
+        return len(self.producers)
+
+    def in_flight(self) -> dict[str, int]:
+        """Items in flight per producer, by URL."""
+        return {b.url: b.in_flight for b in self.producers.backends}
+
+    def __repr__(self) -> str:
+        return f"Backlog({self.producers.role}, waiting={self.waiting}, {self.in_flight()})"
+
+
+class Encoder:
+    """The producer side of the router: groups, their backlogs, the slots all requests
+    share, recent encodes (``--reuse-encoded-s``) and the calls to producers."""
+
+    def __init__(
+        self,
+        settings: RouterSettings,
+        groups: ProducerGroups,
+        upstream: Upstream,
+        metrics: RouterMetrics,
+    ) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.metrics = metrics
+        self.groups = groups
+        # modality -> its group's backlog (modalities sharing a set share one backlog)
+        backlogs = {id(s): Backlog(s) for s in groups.sets}
+        self.backlogs = {m: backlogs[id(s)] for m, s in groups.by_modality.items()}
+        self.recent = (
+            RecentlyEncoded(settings.reuse_encoded_s) if settings.reuse_encoded_s else None
+        )
+        self.calls = Calls(
+            settings.eject_s, metrics.producers_in_flight, metrics.producer_latency, metrics.error
+        )
+        self._slots = asyncio.Semaphore(settings.max_producer_requests)
+        self._timeout = aiohttp.ClientTimeout(total=settings.producer_timeout_s)
+
+    async def encode(self, body: ClientBody, media: Media, rid: str) -> dict[str, Any]:
+        """Each distinct item (an item repeated in the request is encoded once) on a
+        producer, at most ``max_encodes_per_request`` at once; the merged params of those
+        that answered."""
+        by_key: dict[bytes, dict[str, Any]] = {}
+        for key, part in zip(media.keys, media.parts, strict=True):
+            by_key.setdefault(key, part)
+        if len(media.parts) > len(by_key):
+            self.metrics.items_by["duplicate"].inc(len(media.parts) - len(by_key))
+        if len(by_key) == 1:  # the common case: no semaphore, no gather
+            ((key, part),) = by_key.items()
+            results = [await self._encode_one(body, part, key, f"{rid}-enc0")]
+        else:
+            mine = asyncio.Semaphore(self.settings.max_encodes_per_request)
+
+            async def one(
+                i: int, key: bytes, part: dict[str, Any]
+            ) -> tuple[Encoded, dict[str, Any]]:
+                async with mine:
+                    return await self._encode_one(body, part, key, f"{rid}-enc{i}")
+
+            results = await asyncio.gather(
+                *(one(i, key, part) for i, (key, part) in enumerate(by_key.items()))
+            )
+        merged: dict[str, Any] = {}
+        for where, params in results:
+            self.metrics.items_by[where].inc()
+            merged.update(params)
+        return merged
+
+    def decide(self, key: bytes, backlog: Backlog | None) -> Way:
+        """Where one item (``key``: its media key) is encoded, given its group's backlog
+        (None: its modality has no group): on a producer; ``local``, by the consumer;
+        or ``reused``, by nobody, a producer having encoded it moments ago (the consumer
+        finds the entry by hash, or encodes it if it is gone)."""
+        if backlog is None:
+            return "local"
+        if self.recent is not None and self.recent.fresh(key):
+            return "reused"
+        return "producer"
+
+    async def _encode_one(
+        self, body: ClientBody, part: dict[str, Any], key: bytes, rid: str
+    ) -> tuple[Encoded, dict[str, Any]]:
+        """One item: ("remote", its params) from a producer, else ("local" | "reused", {})."""
+        backlog = self.backlogs.get(modality(part))
+        way = self.decide(key, backlog)
+        if way != "producer":
+            return way, {}
+        assert backlog is not None
+        backlog.waiting += 1
+        try:  # a slot among all clients' producer requests, or the consumer encodes it
+            await asyncio.wait_for(self._slots.acquire(), self.settings.producer_timeout_s)
+        except TimeoutError:
+            self.metrics.error("producer_saturated")
+            return "local", {}
+        finally:
+            backlog.waiting -= 1
+        try:
+            return await self._on_producer(body, part, key, backlog.producers, rid)
+        finally:
+            self._slots.release()
+
+    async def _on_producer(
+        self, body: ClientBody, part: dict[str, Any], key: bytes, group: BackendSet, rid: str
+    ) -> tuple[Encoded, dict[str, Any]]:
+        producer = choose_producer(key, group.backends, self.settings.producer_load_bound)
+        if producer is None:
+            self.metrics.error("producer_unavailable")
+            return "local", {}
+        try:
+            with self.calls.track(producer):
+                params = await self._post(
+                    producer, encoder_request_parts(body.data, part, body.literal), rid
+                )
+        except UpstreamError as e:
+            logger.warning(
+                "request %s: producer %s failed (%s); the consumer encodes the item",
+                rid,
+                producer.url,
+                e,
+            )
+            return "local", {}
+        if self.recent is not None:
+            self.recent.add(key)
+        return "remote", params
+
+    async def _post(
+        self, producer: Backend, req: Sequence[bytes | memoryview], rid: str
+    ) -> dict[str, Any]:
+        """The producer's ``ec_transfer_params`` for one item's request; ``UpstreamError``
+        when it gives none."""
+        try:
+            async with self.upstream.session.post(
+                producer.url + CHAT_PATH,
+                data=payload(req, JSON),  # the client's literal as a view, not joined
+                headers=self.upstream.headers(rid, json_body=True),
+                timeout=self._timeout,
+            ) as resp:
+                raw = await resp.read()
+                if resp.status != 200:
+                    # A 4xx is the item's (an undecodable image): ejecting the producer
+                    # for it would let one client's bad item cost every client its encodes.
+                    raise UpstreamError(
+                        "producer_error",
+                        f"HTTP {resp.status}: {raw[:200]!r}",
+                        eject=not 400 <= resp.status < 500,
+                    )
+        except TimeoutError:
+            raise UpstreamError(
+                "producer_timeout", f"no answer in {self.settings.producer_timeout_s}s", eject=True
+            ) from None
+        except aiohttp.ClientError as e:
+            raise UpstreamError("producer_error", repr(e), eject=True) from None
+        try:
+            params = json.loads(raw).get(EC_TRANSFER_PARAMS)
+        except (ValueError, AttributeError):
+            params = None
+        if not isinstance(params, dict) or not params:
+            raise UpstreamError(
+                "producer_error", f"answer without {EC_TRANSFER_PARAMS}: {raw[:200]!r}", eject=True
+            )
+        check_announcements(producer, params, rid)
+        return params
+
+
+def check_announcements(producer: Backend, params: dict[str, Any], rid: str) -> None:
+    """Warn when a producer announces items in a format this router does not know.
+
+    The params still go to the consumer unchanged (it validates them itself, and
+    other connectors announce nothing); the warning points at version skew
+    between the producer image and the router.
+    """
+    for mm_hash in params:
+        raw = raw_announcement(params, mm_hash)
+        if raw is None:
+            continue
+        try:
+            Announcement.parse(raw)
+        except ValueError as e:
+            logger.warning(
+                "request %s: producer %s: item %r: %s (a producer of another version?)",
+                rid,
+                producer.url,
+                mm_hash[:80],
+                e,
+            )

@@ -1,0 +1,125 @@
+"""The first steps of a request, before anything goes upstream: its body read and
+parsed, its content parts classified, its media items checked.
+
+Each step answers a bad request by raising ``Refused`` (408, 400; a body over
+``--max-body-bytes`` is aiohttp's 413).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from encoderpool_router.body import ClientBody, NotAnObject, parse
+from encoderpool_router.config import RouterSettings
+from encoderpool_router.content import PartRefused, read_media
+from encoderpool_router.media import (
+    media_key,
+    media_url,
+    mm_kwargs_problem,
+    over_limits,
+    url_problem,
+)
+from encoderpool_router.protocol import TOO_DEEP, Refused, invalid
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    """A request's media items: canonical parts (``content.read_media``'s), in order,
+    and their media keys.
+
+    The keys are computed from what the router read itself, after the client's uuids
+    went: a client steers its request (to a producer, to a consumer) only through the
+    media it sends.
+    """
+
+    parts: list[dict[str, Any]]
+    keys: list[bytes]
+
+    @property
+    def affinity(self) -> bytes | None:
+        """The first item's key, which ranks the consumers for ``media-affinity``."""
+        return self.keys[0] if self.keys else None
+
+    @property
+    def distinct(self) -> int:
+        return len(set(self.keys))
+
+
+async def read_body(request: web.Request, settings: RouterSettings) -> ClientBody:
+    """The client's JSON object (a client's ``ec_transfer_params`` dropped: ``body.parse``)."""
+    try:
+        raw = await _read(request, settings.max_body_bytes, settings.body_read_timeout_s)
+    except TimeoutError:
+        raise Refused(
+            408,
+            f"request body not received within {settings.body_read_timeout_s:g} s",
+            "timeout",
+            "body_timeout",
+            close=True,
+        ) from None
+    try:
+        return parse(raw)
+    except NotAnObject as e:
+        raise invalid(str(e)) from None
+    except ValueError as e:  # UnicodeDecodeError included
+        raise invalid(f"request body is not JSON: {e}") from None
+    except RecursionError:  # json's C parser refuses nesting past the recursion limit
+        raise invalid(TOO_DEEP) from None
+
+
+async def _read(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The body, at most ``limit`` bytes (else 413), copied once: aiohttp's ``read``
+    copies a large body twice (into a bytearray, then into bytes)."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
+    content = request.content
+    content.set_read_chunk_size(limit)  # as aiohttp's read: no pause/resume per 64 KiB
+    chunks: list[bytes] = []
+    size = 0
+    async with asyncio.timeout(timeout_s):
+        while chunk := await content.readany():
+            size += len(chunk)
+            if size > limit:
+                raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+            chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def classify(body: ClientBody, chat: bool, settings: RouterSettings) -> Media:
+    """The request's media items, every content part read as vLLM reads it (``chat``;
+    other endpoints carry none), media parts rewritten in ``body`` to their canonical
+    form; refused when a part cannot be read, the media kwargs are not trusted, or the
+    items are too many."""
+    if refused := mm_kwargs_problem(body.data, settings.trust_request_mm_kwargs):
+        raise invalid(refused)
+    parts: list[dict[str, Any]] = []
+    if chat:
+        try:
+            read = read_media(body.data, settings.trust_client_media_ids)
+        except PartRefused as e:
+            raise invalid(str(e)) from None
+        if read.changed:
+            body.changed()
+        parts = read.parts
+    if too_many := over_limits(parts, settings.max_items_per_request, settings.limit_mm_per_prompt):
+        raise invalid(too_many, "too_many_items")
+    return Media(parts, [media_key(part, body.utf8_of) for part in parts])
+
+
+async def check_media_urls(media: Media, settings: RouterSettings) -> None:
+    """Refuse a media URL that may not be fetched (the SSRF guard, ``media.url_problem``);
+    inline data is fetched from nowhere."""
+    for part in media.parts:
+        url = media_url(part)
+        if url is None or url[:5].lower() == "data:":
+            continue
+        problem = await asyncio.to_thread(
+            url_problem, url, settings.allowed_media_domains, settings.allow_private_media
+        )
+        if problem:
+            raise invalid(problem, "media_url_refused")

@@ -1,0 +1,117 @@
+"""One client request's walk through the router.
+
+    read the body → classify its content parts → admit its items (the client's share)
+    → encode them on producers → choose a consumer and relay its answer
+
+``Pipeline.walk`` is that list, one line a step; each step is a unit of its own
+(``intake``, ``shares``, ``encode``, ``relay``). A step that refuses the request raises
+``Refused``, which ``Pipeline.handle`` answers. ``handle`` also holds the client's
+request share and counts every request once, by endpoint and status; handlers run with
+aiohttp's handler cancellation on, so a client that disconnects cancels the upstream
+requests (closing their connections makes vLLM abort them), counted as status 499.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from encoderpool_router.config import RouterSettings
+from encoderpool_router.encode import Encoder
+from encoderpool_router.intake import check_media_urls, classify, read_body
+from encoderpool_router.metrics import RouterMetrics
+from encoderpool_router.protocol import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    MODELS_PATH,
+    Refused,
+    request_id,
+)
+from encoderpool_router.relay import ClientGone, Relay
+from encoderpool_router.shares import Shares, client_of
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI endpoint the router serves: ``body``, a POST with a JSON body;
+    ``media``, its content parts may hold media items."""
+
+    path: str
+    body: bool
+    media: bool
+
+
+CHAT = Endpoint(CHAT_PATH, body=True, media=True)
+COMPLETIONS = Endpoint(COMPLETIONS_PATH, body=True, media=False)  # prompts hold no media
+MODELS = Endpoint(MODELS_PATH, body=False, media=False)
+
+
+class Pipeline:
+    """The request walk over the router's parts."""
+
+    def __init__(
+        self,
+        settings: RouterSettings,
+        metrics: RouterMetrics,
+        shares: Shares,
+        encoder: Encoder,
+        relay: Relay,
+        clients_by_token: bool,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.shares = shares
+        self.encoder = encoder
+        self.relay = relay
+        self.clients_by_token = clients_by_token
+
+    async def handle(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        """The request walked within its client's share; one status counted per request."""
+        rid = request_id(request)
+        client = client_of(request, by_token=self.clients_by_token)
+        code = "500"
+        try:
+            with self.shares.request(client):  # 429
+                response = await self.walk(request, endpoint, rid, client)
+            code = str(response.status)
+            return response
+        except Refused as refused:
+            self.metrics.error(refused.counted)
+            code = str(refused.status)
+            return refused.response(rid)
+        except ClientGone as gone:
+            code = "499"  # nginx's "client closed request"
+            self.metrics.error("client_disconnect")
+            logger.info("request %s: the client went away mid-stream", rid)
+            return gone.response
+        except asyncio.CancelledError:
+            code = "499"
+            self.metrics.error("client_disconnect")
+            logger.info("request %s: the client went away; upstream work cancelled", rid)
+            raise
+        except web.HTTPException as e:  # aiohttp answers it (413: a body over the limit)
+            code = str(e.status)
+            raise
+        finally:
+            self.metrics.request(endpoint.path, code)
+
+    async def walk(
+        self, request: web.Request, endpoint: Endpoint, rid: str, client: str
+    ) -> web.StreamResponse:
+        """Read → classify → admit → encode → choose a consumer and relay."""
+        if not endpoint.body:
+            return await self.relay.forward(request, endpoint.path, None, {}, None, rid)
+        body = await read_body(request, self.settings)  # 408, 413, 400
+        media = classify(body, endpoint.media, self.settings)  # 400
+        await check_media_urls(media, self.settings)  # 400
+        params: dict[str, Any] = {}
+        if media.parts:
+            with self.shares.items(client, media.distinct):  # 429
+                params = await self.encoder.encode(body, media, rid)
+        return await self.relay.forward(request, endpoint.path, body, params, media.affinity, rid)
