@@ -1,8 +1,9 @@
 """Fixtures for the router tests (registered in conftest.pytest_plugins).
 
-Two kinds: in-process fake producers/consumers (aiohttp apps on 127.0.0.1)
-for the many unit tests, and real vLLM servers plus the router as a process
-for the few end-to-end ones. Which EC connector the real servers use is one
+In-process fake producers/consumers (aiohttp apps on 127.0.0.1) for the many
+unit tests; EndpointSlices and a resolver for the tests on the local control
+plane; real vLLM servers plus the router as a process for the few end-to-end
+ones. Which EC connector the real servers use is one
 entry in ``CONNECTORS``, chosen by ``EC_CONNECTOR``.
 """
 
@@ -13,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +26,9 @@ from typing import Any, TypeVar
 
 import pytest
 from aiohttp import web
+from aiohttp.abc import AbstractResolver, ResolveResult
 
+from e2e.media import data_url, image
 from e2e.vllm_server import (
     REPO,
     VllmServer,
@@ -184,6 +188,83 @@ async def fakes(*backends: FakeBackend) -> AsyncIterator[list[str]]:
     """Serve each fake backend; yields their base URLs in order."""
     async with contextlib.AsyncExitStack() as stack:
         yield [await stack.enter_async_context(serve(b.app())) for b in backends]
+
+
+def video_part(index: int) -> dict[str, Any]:
+    """A video item as the chat API takes it (the fakes never decode it)."""
+    return {"type": "video_url", "video_url": {"url": data_url(image(index))}}
+
+
+def sent_parts(backend: FakeBackend) -> list[dict[str, Any]]:
+    """The media parts a fake producer was sent, in order."""
+    return [part for s in backend.seen if s.body for part in s.body["messages"][0]["content"]]
+
+
+# --- EndpointSlices on the local control plane ----------------------------------------
+# The API server refuses loopback addresses in EndpointSlices, and kwok pod IPs are fake
+# and must never be contacted: slices carry names of a test-only domain, which the
+# router's injected resolver maps to 127.0.0.1.
+
+DOMAIN = "encoderpool-router.test"
+
+
+class LoopbackResolver(AbstractResolver):
+    """``*.encoderpool-router.test`` is 127.0.0.1; every other name is an error."""
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        if not host.endswith("." + DOMAIN):
+            raise OSError(f"the test resolver refuses {host!r}")
+        return [
+            ResolveResult(hostname=host, host="127.0.0.1", port=port, family=socket.AF_INET,
+                          proto=0, flags=socket.AI_NUMERICHOST)
+        ]  # fmt: skip
+
+    async def close(self) -> None:
+        return None
+
+
+def service(name: str) -> dict[str, Any]:
+    """A Service without a selector: its EndpointSlices are ours to write."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"ports": [{"name": "http", "port": 8000}]},
+    }
+
+
+def uid_of(kubectl: Callable[..., str], kind: str, name: str) -> str:
+    return kubectl("get", kind, name, "-o", "jsonpath={.metadata.uid}").strip()
+
+
+def endpoint_slice(
+    svc: str, host: str, url: str, ready: bool, service_uid: str | None
+) -> dict[str, Any]:
+    """One backend: its port is the fake's loopback port, its address a test-domain name.
+
+    With ``service_uid``, as the EndpointSlice controller makes them for that Service
+    (the router uses no other); without, a forgery that only carries the labels."""
+    owners = [] if service_uid is None else [
+        {"apiVersion": "v1", "kind": "Service", "name": svc, "uid": service_uid,
+         "controller": True, "blockOwnerDeletion": True}
+    ]  # fmt: skip
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{svc}-{host}",
+            "labels": {
+                "kubernetes.io/service-name": svc,
+                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+            },
+            "ownerReferences": owners,
+        },
+        "addressType": "FQDN",
+        "ports": [{"name": "http", "port": int(url.rsplit(":", 1)[1]), "protocol": "TCP"}],
+        "endpoints": [{"addresses": [f"{host}.{DOMAIN}"], "conditions": {"ready": ready}}],
+    }
 
 
 # --- real vLLM servers and the router process ---------------------------------------------

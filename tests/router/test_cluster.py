@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 from e2e.cluster import LocalCluster
 from e2e.media import chat_request, image, image_part
@@ -24,71 +21,20 @@ from encoderpool_router.app import Router, build_app
 from encoderpool_router.config import RouterSettings
 from encoderpool_router.media import media_key
 from encoderpool_router.policy import hrw_rank
-from tests.router.fixtures import FakeBackend, fakes, run, serve
+from tests.router.fixtures import (
+    DOMAIN,
+    FakeBackend,
+    LoopbackResolver,
+    endpoint_slice,
+    fakes,
+    run,
+    serve,
+    service,
+    uid_of,
+)
 from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.cluster
-
-DOMAIN = "encoderpool-router.test"
-
-
-class LoopbackResolver(AbstractResolver):
-    """``*.encoderpool-router.test`` is 127.0.0.1; every other name is an error."""
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        if not host.endswith("." + DOMAIN):
-            raise OSError(f"the test resolver refuses {host!r}")
-        return [
-            ResolveResult(hostname=host, host="127.0.0.1", port=port, family=socket.AF_INET,
-                          proto=0, flags=socket.AI_NUMERICHOST)
-        ]  # fmt: skip
-
-    async def close(self) -> None:
-        return None
-
-
-def service(name: str) -> dict[str, Any]:
-    """A Service without a selector: its EndpointSlices are ours to write."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name},
-        "spec": {"ports": [{"name": "http", "port": 8000}]},
-    }
-
-
-def uid_of(kubectl: Callable[..., str], kind: str, name: str) -> str:
-    return kubectl("get", kind, name, "-o", "jsonpath={.metadata.uid}").strip()
-
-
-def endpoint_slice(
-    svc: str, host: str, url: str, ready: bool, service_uid: str | None
-) -> dict[str, Any]:
-    """One backend: its port is the fake's loopback port, its address a test-domain name.
-
-    With ``service_uid``, as the EndpointSlice controller makes them for that Service
-    (the router uses no other); without, a forgery that only carries the labels."""
-    owners = [] if service_uid is None else [
-        {"apiVersion": "v1", "kind": "Service", "name": svc, "uid": service_uid,
-         "controller": True, "blockOwnerDeletion": True}
-    ]  # fmt: skip
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": f"{svc}-{host}",
-            "labels": {
-                "kubernetes.io/service-name": svc,
-                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
-            },
-            "ownerReferences": owners,
-        },
-        "addressType": "FQDN",
-        "ports": [{"name": "http", "port": int(url.rsplit(":", 1)[1]), "protocol": "TCP"}],
-        "endpoints": [{"addresses": [f"{host}.{DOMAIN}"], "conditions": {"ready": ready}}],
-    }
 
 
 def test_backends_follow_endpointslice_changes(cluster: LocalCluster, namespace: str) -> None:

@@ -1,7 +1,7 @@
 """Producer groups from EndpointSlices on the real local control plane: the router
 watches each group's Service and routes each item to its modality's group, as the
-operator renders it (``--producer-services-by-modality``). Slices and resolver as in
-test_cluster.py; backends are fakes on loopback."""
+operator renders it (``--producer-services-by-modality``). Slices and resolver from
+fixtures.py; backends are fakes on loopback."""
 
 from __future__ import annotations
 
@@ -16,15 +16,19 @@ from e2e.cluster import LocalCluster
 from e2e.media import MODEL, image, image_part
 from encoderpool_router.app import Router, build_app
 from encoderpool_router.config import RouterSettings
-from tests.router.fixtures import FakeBackend, fakes, run, serve
-from tests.router.test_cluster import (
+from tests.router.fixtures import (
     DOMAIN,
+    FakeBackend,
     LoopbackResolver,
     endpoint_slice,
+    fakes,
+    run,
+    sent_parts,
+    serve,
     service,
     uid_of,
+    video_part,
 )
-from tests.router.test_producer_groups import sent_parts, video_part
 from tests.waiting import async_wait_until
 
 pytestmark = pytest.mark.cluster

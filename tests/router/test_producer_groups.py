@@ -10,17 +10,20 @@ from typing import Any
 import aiohttp
 import pytest
 
-from e2e.media import MODEL, data_url, image, image_part
+from e2e.media import MODEL, image, image_part
 from encoderpool_router.backends import BackendSet, producer_groups
 from encoderpool_router.config import RouterSettings, parse_settings
-from tests.router.fixtures import FakeBackend, fake_mm_hash, fakes, router_at, run
+from tests.router.fixtures import (
+    FakeBackend,
+    fake_mm_hash,
+    fakes,
+    router_at,
+    run,
+    sent_parts,
+    video_part,
+)
 
 CONSUMER = "http://127.0.0.1:9000"
-
-
-def video_part(index: int) -> dict[str, Any]:
-    """A video item as the chat API takes it (the fakes never decode it)."""
-    return {"type": "video_url", "video_url": {"url": data_url(image(index))}}
 
 
 def audio_part(index: int) -> dict[str, Any]:
@@ -38,10 +41,6 @@ def request(*parts: dict[str, Any]) -> dict[str, Any]:
 async def post(url: str, body: Any) -> tuple[int, Any]:
     async with aiohttp.ClientSession() as s, s.post(url, json=body) as r:
         return r.status, await r.json(content_type=None)
-
-
-def sent_parts(backend: FakeBackend) -> list[dict[str, Any]]:
-    return [part for s in backend.seen if s.body for part in s.body["messages"][0]["content"]]
 
 
 def test_each_item_goes_to_its_modality_s_group_and_an_ungrouped_one_to_no_producer() -> None:
