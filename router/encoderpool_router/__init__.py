@@ -6,6 +6,10 @@ the original request, with those params, to a consumer; text-only requests go
 straight to a consumer. Backends come from the producer and consumer Services'
 EndpointSlices (watched) or from flags. See docs/router.md.
 
+A request's walk is ``pipeline``: ``intake`` (read, classify), ``shares`` (admit),
+``encode`` (producers), ``relay`` (a consumer); ``app`` wires the parts and serves
+the routes; ``backends`` keeps each backend's in-flight count and ejection.
+
 Runs as ``python -m encoderpool_router``, in a pod of its own (a Deployment per
 pool, from the operator image). It is an import package of its own, not part of
 the in-pod connector, because it needs aiohttp, prometheus_client and the

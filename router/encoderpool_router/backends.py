@@ -123,12 +123,9 @@ class ProducerGroups:
     def __init__(
         self, by_modality: Mapping[str, BackendSet], services: Mapping[str, BackendSet]
     ) -> None:
-        self.by_modality = dict(by_modality)
+        self.by_modality = dict(by_modality)  # a modality missing: no producer encodes it
         # Service name -> the set its EndpointSlices fill (empty with static backends).
         self.services = dict(services)
-
-    def for_modality(self, modality: str) -> BackendSet | None:
-        return self.by_modality.get(modality)
 
     @property
     def sets(self) -> list[BackendSet]:

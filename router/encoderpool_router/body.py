@@ -10,7 +10,8 @@ the bytes exactly as the router did: vLLM parses request bodies with Python's
 sent on only when
 
 - they are strict UTF-8 without a BOM (what ``json.loads`` of a ``str`` takes;
-  anything else, e.g. UTF-16, is parsed as before and re-serialised),
+  anything else, e.g. UTF-16, is parsed with json's own detection of the
+  encoding and re-serialised),
 - no object anywhere repeats a key (a parser keeping the first duplicate
   instead of the last would otherwise see another request than the router
   checked), and
@@ -18,7 +19,7 @@ sent on only when
   included: the parsed key is compared), since the router owns that field.
 
 Otherwise, or once the router changed anything else (a dropped ``uuid``),
-the parsed body is re-serialised, as it always was.
+the parsed body is re-serialised.
 
 More savings for large images: json's character-by-character scan skips long
 string values, which are cut out of the bytes and decoded alone (``_loads``: the
@@ -155,8 +156,8 @@ def parse(raw: bytes) -> ClientBody:
         verbatim = not hook.repeated and EC_TRANSFER_PARAMS not in data
         data.pop(EC_TRANSFER_PARAMS, None)
         return ClientBody(raw, data, verbatim, utf8=True, cut=cut)
-    # Not plain UTF-8 JSON (a BOM, another encoding, or garbage): exactly what the
-    # router always did, json's detection of the encoding included; never sent as is.
+    # Not plain UTF-8 JSON (a BOM, another encoding, or garbage): json.loads of the
+    # bytes, its detection of the encoding included, as vLLM reads them; never sent as is.
     data = json.loads(raw)
     if not isinstance(data, dict):
         raise NotAnObject("request body must be a JSON object")

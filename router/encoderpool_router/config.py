@@ -33,7 +33,7 @@ _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 Seconds = Annotated[float, Field(gt=0, le=86400)]
 UrlList = Annotated[tuple[str, ...], NoDecode]
-# Modalities the router can route to a producer group (what media.MODALITY yields).
+# Modalities the router can route to a producer group (``content.modality``'s values).
 GROUP_MODALITIES = ("image", "video", "audio")
 
 

@@ -71,7 +71,10 @@ def test_each_group_s_service_is_followed_and_gets_its_modality(
                 kubeconfig=str(cluster.kubeconfig),
             )
             router = Router(settings, resolver=LoopbackResolver())
-            images, video = router.groups.for_modality("image"), router.groups.for_modality("video")
+            images, video = (
+                router.groups.by_modality.get("image"),
+                router.groups.by_modality.get("video"),
+            )
             assert images is not None
             assert video is not None
             async with serve(build_app(router)) as url, aiohttp.ClientSession() as s:

@@ -92,11 +92,11 @@ def test_a_group_may_serve_several_modalities_and_shares_its_producers() -> None
         },
     )
     groups = producer_groups(s, BackendSet("producer"))
-    image_set, video_set = groups.for_modality("image"), groups.for_modality("video")
+    image_set, video_set = groups.by_modality.get("image"), groups.by_modality.get("video")
     assert image_set is video_set  # one set: in-flight counts are the producers' own
     assert image_set is not None
     assert image_set.role == "producer-image+video"
-    assert groups.for_modality("audio") is None
+    assert groups.by_modality.get("audio") is None
     assert groups.sets == [image_set]
 
 
@@ -104,7 +104,7 @@ def test_without_groups_every_modality_goes_to_the_one_producer_set() -> None:
     s = RouterSettings(consumers=(CONSUMER,), producers=("http://127.0.0.1:8001",))
     producers = BackendSet("producer", s.producers)
     groups = producer_groups(s, producers)
-    assert all(groups.for_modality(m) is producers for m in ("image", "video", "audio"))
+    assert all(groups.by_modality.get(m) is producers for m in ("image", "video", "audio"))
     assert groups.sets == [producers]
     assert groups.services == {}
 
@@ -124,9 +124,9 @@ def test_groups_from_endpoint_slices_watch_one_service_per_group() -> None:
     assert s.grouped
     groups = producer_groups(s, BackendSet("producer"))
     assert sorted(groups.services) == ["pool-producer-images", "pool-producer-video"]
-    assert groups.services["pool-producer-images"] is groups.for_modality("image")
-    assert groups.services["pool-producer-video"] is groups.for_modality("video")
-    assert groups.for_modality("audio") is None
+    assert groups.services["pool-producer-images"] is groups.by_modality.get("image")
+    assert groups.services["pool-producer-video"] is groups.by_modality.get("video")
+    assert groups.by_modality.get("audio") is None
 
 
 def test_groups_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
