@@ -119,7 +119,7 @@ def openapi_schema() -> dict[str, Any]:
     schema["properties"]["metadata"] = {
         "type": "object",
         "properties": {
-            "name": {"type": "string", "x-kubernetes-validations": [api.METADATA_NAME_RULE]}
+            "name": {"type": "string", "x-kubernetes-validations": [api.METADATA_NAME_RULE.entry()]}
         },
     }
     schema["required"] = ["spec"]

@@ -1,5 +1,6 @@
 """The EncoderPool models: samples parse, invalid pools are refused naming the field,
-helpers the reconcile uses, and condition transitions (pure, no cluster)."""
+each validation rule refuses its sample with its message, helpers the reconcile uses,
+and condition transitions (pure, no cluster)."""
 
 from __future__ import annotations
 
@@ -28,540 +29,21 @@ from encoderpool_operator.api import (
     quantity_bytes,
 )
 from encoderpool_operator.conditions import find_condition, ready_condition, set_condition
+from tests.operator.api_cases import (
+    BASE,
+    INVALID,
+    PYDANTIC_ONLY,
+    RULE_CASES,
+    SAMPLES,
+    TRANSITION_CASES,
+    patched,
+    refusal,
+    rule_at,
+    rules,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-SAMPLES = sorted((ROOT / "examples").glob("pool-*.yaml"))
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 T1 = T0 + timedelta(minutes=5)
-
-# The smallest valid pool; invalid cases are patches of it.
-BASE: dict[str, Any] = {
-    "apiVersion": "encoderpool.io/v1alpha1",
-    "kind": "EncoderPool",
-    "metadata": {"name": "pool"},
-    "spec": {
-        "model": {"name": "/models/tiny"},
-        "image": "vllm:0.32",
-        "producer": {},
-        "consumer": {},
-        "connector": {"sharedVolume": {"size": "1Gi"}},
-    },
-}
-
-
-# A model on a PersistentVolumeClaim (spec.model.source).
-CLAIM = {"persistentVolumeClaim": {"claimName": "models"}}
-
-
-def patched(patch: dict[str, Any], base: dict[str, Any] = BASE) -> dict[str, Any]:
-    """JSON merge patch (RFC 7386): maps merge, None deletes, anything else replaces."""
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = patched(value, out[key])
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-# (id, patch, field path the error must name, words of the fix). Shared with
-# test_crd_apiserver.py: the API server must refuse the same pools.
-def _template(spec: dict[str, Any]) -> dict[str, Any]:
-    return {"spec": {"consumer": {"podTemplate": {"spec": spec}}}}
-
-
-def _groups(*groups: dict[str, Any]) -> dict[str, Any]:
-    return {"spec": {"producerGroups": list(groups)}}
-
-
-INVALID: list[tuple[str, dict[str, Any], str, str]] = [
-    (
-        "template-service-account",
-        _template({"serviceAccountName": "admin"}),
-        "spec.consumer.podTemplate",
-        "serviceAccountName cannot be set",
-    ),
-    (
-        "template-host-network",
-        _template({"hostNetwork": True}),
-        "spec.consumer.podTemplate",
-        "hostNetwork cannot be true",
-    ),
-    (
-        "template-host-path",
-        _template({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}),
-        "spec.consumer.podTemplate",
-        "hostPath volumes are refused",
-    ),
-    (
-        "template-privileged",
-        _template({"containers": [{"name": "x", "securityContext": {"privileged": True}}]}),
-        "spec.consumer.podTemplate",
-        "may not set privileged",
-    ),
-    (
-        "template-replaces-vllm",
-        _template({"containers": [{"name": "vllm", "image": "evil.example/vllm"}]}),
-        "spec.consumer.podTemplate",
-        "may not set image, command or args",
-    ),
-    (
-        "template-pod-seccomp",
-        _template({"securityContext": {"seccompProfile": {"type": "Unconfined"}}}),
-        "spec.consumer.podTemplate",
-        "cannot be set: the operator sets the pods' seccomp profile",
-    ),
-    (
-        "template-container-apparmor",
-        _template(
-            {
-                "containers": [
-                    {"name": "vllm", "securityContext": {"appArmorProfile": {"type": "Unconfined"}}}
-                ]
-            }
-        ),
-        "spec.consumer.podTemplate",
-        "cannot be set: the operator sets the pods' seccomp profile",
-    ),
-    (
-        "template-selinux",
-        _template({"securityContext": {"seLinuxOptions": {"type": "spc_t"}}}),
-        "spec.consumer.podTemplate",
-        "cannot be set: the operator sets the pods' seccomp profile",
-    ),
-    (
-        "template-proc-mount",
-        _template(
-            {"initContainers": [{"name": "i", "securityContext": {"procMount": "Unmasked"}}]}
-        ),
-        "spec.consumer.podTemplate",
-        "cannot be set: the operator sets the pods' seccomp profile",
-    ),
-    (
-        "template-run-as-group-0",
-        _template({"securityContext": {"runAsGroup": 0}}),
-        "spec.consumer.podTemplate",
-        "runAsGroup 0",
-    ),
-    (
-        "template-container-run-as-group-0",
-        _template({"containers": [{"name": "x", "securityContext": {"runAsGroup": 0}}]}),
-        "spec.consumer.podTemplate",
-        "runAsGroup 0",
-    ),
-    (
-        "template-node-name",
-        _template({"nodeName": "control-plane"}),
-        "spec.consumer.podTemplate",
-        "nodeName cannot be set",
-    ),
-    (
-        "template-token-volume",
-        _template(
-            {
-                "volumes": [
-                    {
-                        "name": "t",
-                        "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]},
-                    }
-                ]
-            }
-        ),
-        "spec.consumer.podTemplate",
-        "projected serviceAccountToken sources are refused",
-    ),
-    (
-        "template-apparmor-annotation",
-        {
-            "spec": {
-                "consumer": {
-                    "podTemplate": {
-                        "metadata": {
-                            "annotations": {
-                                "container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"
-                            }
-                        }
-                    }
-                }
-            }
-        },
-        "spec.consumer.podTemplate",
-        "may not set seccomp or AppArmor profiles",
-    ),
-    (
-        "pod-annotations-apparmor",
-        {
-            "spec": {
-                "producer": {
-                    "podAnnotations": {
-                        "container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"
-                    }
-                }
-            }
-        },
-        "spec.producer.podAnnotations",
-        "may not set seccomp or AppArmor profiles",
-    ),
-    (
-        "pod-labels-of-ours",
-        {"spec": {"producer": {"podLabels": {"app.kubernetes.io/component": "x"}}}},
-        "spec.producer.podLabels",
-        "may not set app.kubernetes.io/*",
-    ),
-    (
-        "rollout-that-cannot-move",
-        {"spec": {"producer": {"rollout": {"maxSurge": 0, "maxUnavailable": 0}}}},
-        "spec.producer.rollout",
-        "cannot both be 0",
-    ),
-    (
-        "two-transports",
-        {"spec": {"connector": {"rdma": {"ucxTransports": "tcp"}}}},
-        "spec.connector",
-        "exactly one of sharedVolume",
-    ),
-    ("no-transport", {"spec": {"connector": {"sharedVolume": None}}}, "spec.connector", "rdma"),
-    (
-        "rdma-without-a-device",
-        {"spec": {"connector": {"sharedVolume": None, "rdma": {}}}},
-        "spec.connector.rdma",
-        "set resourceName (your RDMA device plugin's resource, e.g. rdma/hca), or networks",
-    ),
-    (
-        "rdma-node-local-transports",
-        {"spec": {"connector": {"sharedVolume": None, "rdma": {"ucxTransports": "sm,self"}}}},
-        "spec.connector.rdma",
-        "add tcp to ucxTransports",
-    ),
-    (
-        "size-and-claim",
-        {"spec": {"connector": {"sharedVolume": {"existingClaim": "cache"}}}},
-        "spec.connector.sharedVolume",
-        "exactly one of size",
-    ),
-    (
-        "claim-without-capacity",
-        {"spec": {"connector": {"sharedVolume": {"size": None, "existingClaim": "cache"}}}},
-        "spec.connector.sharedVolume",
-        "capacity is required",
-    ),
-    (
-        "class-with-claim",
-        {
-            "spec": {
-                "connector": {
-                    "sharedVolume": {
-                        "size": None,
-                        "existingClaim": "cache",
-                        "capacity": "1Gi",
-                        "storageClassName": "nfs",
-                    }
-                }
-            }
-        },
-        "spec.connector.sharedVolume",
-        "storageClassName applies only",
-    ),
-    (
-        "capacity-over-size",
-        {"spec": {"connector": {"sharedVolume": {"capacity": "2Gi"}}}},
-        "spec.connector.sharedVolume",
-        "capacity must not exceed size",
-    ),
-    ("dtype", {"spec": {"model": {"dtype": "int8"}}}, "spec.model.dtype", "bfloat16"),
-    ("no-producers", {"spec": {"producer": {"replicas": 0}}}, "spec.producer.replicas", "1"),
-    (
-        "owned-flag",
-        {"spec": {"model": {"extraArgs": ["--max-model-len", "2048", "--dtype=float16"]}}},
-        "spec.model.extraArgs",
-        "spec.model",
-    ),
-    (
-        "owned-flag-underscore",
-        {"spec": {"model": {"extraArgs": ["--tensor_parallel_size", "2"]}}},
-        "spec.model.extraArgs",
-        "tensorParallelSize",
-    ),
-    ("unknown-field", {"spec": {"consumer": {"replica": 2}}}, "spec.consumer", "replica"),
-    (
-        "bad-quantity",
-        {"spec": {"consumer": {"resources": {"limits": {"memory": "lots"}}}}},
-        "spec.consumer.resources.limits",
-        "",
-    ),
-    (
-        "negative-gpus",
-        {"spec": {"producer": {"resources": {"limits": {"nvidia.com/gpu": -1}}}}},
-        "spec.producer.resources.limits",
-        "",
-    ),
-    (
-        "toleration-exists-value",
-        {"spec": {"producer": {"tolerations": [{"operator": "Exists", "value": "x"}]}}},
-        "spec.producer.tolerations",
-        "value must be empty",
-    ),
-    (
-        "toleration-seconds",
-        {"spec": {"producer": {"tolerations": [{"key": "k", "tolerationSeconds": 5}]}}},
-        "spec.producer.tolerations",
-        "NoExecute",
-    ),
-    ("long-name", {"metadata": {"name": "p" * 51}}, "metadata.name", "at most 50"),
-    ("name-with-digit-first", {"metadata": {"name": "1pool"}}, "metadata.name", "DNS-1035"),
-    (
-        "service-type",
-        {"spec": {"router": {"serviceType": "ExternalName"}}},
-        "spec.router.serviceType",
-        "ClusterIP",
-    ),
-    (
-        "consumer-policy",
-        {"spec": {"router": {"consumerPolicy": "RoundRobin"}}},
-        "spec.router.consumerPolicy",
-        "MediaAffinity",
-    ),
-    (
-        "deadline",
-        {"spec": {"widthJob": {"activeDeadlineSeconds": 5}}},
-        "spec.widthJob.activeDeadlineSeconds",
-        "60",
-    ),
-    (
-        "network-name",
-        {"spec": {"connector": {"sharedVolume": None, "rdma": {"networks": ["Bad_Net"]}}}},
-        "spec.connector.rdma.networks",
-        "",
-    ),
-    (
-        "relative-mount",
-        {"spec": {"connector": {"sharedVolume": {"mountPath": "cache"}}}},
-        "spec.connector.sharedVolume.mountPath",
-        "",
-    ),
-    (
-        "shm-smaller-than-buffer",
-        {
-            "spec": {
-                "connector": {"sharedVolume": None, "rdma": {"shmSize": "1Gi", "bufferSize": "2Gi"}}
-            }
-        },
-        "spec.connector.rdma",
-        "shmSize must be at least bufferSize",
-    ),
-    (
-        "tiny-buffer",
-        {"spec": {"connector": {"sharedVolume": None, "rdma": {"bufferSize": "1Ki"}}}},
-        "spec.connector.rdma.bufferSize",
-        "",
-    ),
-    (
-        "too-many-args",
-        {"spec": {"model": {"extraArgs": ["--enforce-eager"] * 65}}},
-        "spec.model.extraArgs",
-        "",
-    ),
-    (
-        "absolute-model-path-with-a-claim",
-        {"spec": {"model": {"source": CLAIM}}},  # BASE's name is /models/tiny
-        "spec.model",
-        "relative path inside the volume",
-    ),
-    (
-        "model-path-escapes-its-claim",
-        {"spec": {"model": {"name": "tiny/../../etc", "source": CLAIM}}},
-        "spec.model",
-        "no '.' or '..' segments",
-    ),
-    (
-        "model-path-is-the-claim-s-parent",
-        {"spec": {"model": {"name": "..", "source": CLAIM}}},
-        "spec.model",
-        "relative path inside the volume",
-    ),
-    (
-        "sub-path-escapes-its-claim",
-        {
-            "spec": {
-                "model": {
-                    "name": "tiny",
-                    "source": {"persistentVolumeClaim": {"claimName": "m", "subPath": "../x"}},
-                }
-            }
-        },
-        "spec.model.source.persistentVolumeClaim.subPath",
-        "relative path inside the volume",
-    ),
-    (
-        "hub-token-and-hf-token-env",
-        {
-            "spec": {
-                "model": {
-                    "hubToken": {"secretKeyRef": {"name": "hf", "key": "token"}},
-                    "env": [{"name": "HF_TOKEN", "value": "hf_literal"}],
-                }
-            }
-        },
-        "spec.model",
-        "HF_TOKEN is set from hubToken",
-    ),
-    (
-        "vllm-api-key-in-env",
-        {"spec": {"model": {"env": [{"name": "VLLM_API_KEY", "value": "guessable"}]}}},
-        "spec.model.env",
-        "VLLM_API_KEY and ENCODERPOOL_CHANNEL_KEY are set by the operator",
-    ),
-    (
-        "channel-key-in-env",
-        {"spec": {"model": {"env": [{"name": "ENCODERPOOL_CHANNEL_KEY", "value": "k"}]}}},
-        "spec.model.env",
-        "from the pool's internal Secret",
-    ),
-    (
-        "api-key-flag",
-        {"spec": {"model": {"extraArgs": ["--api-key=guessable"]}}},
-        "spec.model.extraArgs",
-        "--api-key",
-    ),
-    (
-        "router-auth-without-a-router",
-        {
-            "spec": {
-                "router": {
-                    "enabled": False,
-                    "auth": {"bearerTokenSecret": {"name": "clients", "key": "tokens"}},
-                }
-            }
-        },
-        "spec.router",
-        "auth needs the router",
-    ),
-    (
-        "router-auth-token-as-a-literal",
-        {"spec": {"router": {"auth": {"token": "guessable"}}}},
-        "spec.router.auth",
-        "",
-    ),
-    (
-        "router-auth-secret-key",
-        {"spec": {"router": {"auth": {"bearerTokenSecret": {"name": "clients", "key": "a b"}}}}},
-        "spec.router.auth.bearerTokenSecret.key",
-        "",
-    ),
-    (
-        "hub-token-as-a-literal",
-        {"spec": {"model": {"hubToken": {"value": "hf_literal"}}}},
-        "spec.model.hubToken",
-        "",
-    ),
-    (
-        "hub-token-secret-name",
-        {"spec": {"model": {"hubToken": {"secretKeyRef": {"name": "Not_A_Name", "key": "t"}}}}},
-        "spec.model.hubToken.secretKeyRef.name",
-        "",
-    ),
-    (
-        "modality-in-two-producer-groups",
-        _groups(
-            {"name": "a", "modalities": ["image"]}, {"name": "b", "modalities": ["video", "image"]}
-        ),
-        "spec.producerGroups",
-        "each modality may belong to one producer group only",
-    ),
-    (
-        "producer-group-of-a-modality-limited-to-0",
-        {
-            "spec": {
-                "model": {"limitMmPerPrompt": {"image": 1, "video": 0}},
-                "producerGroups": [{"name": "v", "modalities": ["video"]}],
-            }
-        },
-        "spec.producerGroups",
-        "limitMmPerPrompt sets to 0",
-    ),
-    (
-        "producer-group-name",
-        _groups({"name": "Images", "modalities": ["image"]}),
-        "spec.producerGroups",
-        "should match",
-    ),
-    (
-        "producer-group-name-too-long",
-        _groups({"name": "a" * 17, "modalities": ["image"]}),
-        "spec.producerGroups",
-        "16",
-    ),
-    (
-        "producer-group-without-modalities",
-        _groups({"name": "a", "modalities": []}),
-        "spec.producerGroups",
-        "at least 1 item",
-    ),
-    (
-        "producer-group-replicas",
-        _groups({"name": "a", "modalities": ["image"], "replicas": 0}),
-        "spec.producerGroups",
-        "1",
-    ),
-    (
-        "too-many-producer-groups",
-        _groups(
-            *(
-                {"name": f"g{i}", "modalities": [m]}
-                for i, m in enumerate(["image", "video", "audio", "image"])
-            )
-        ),
-        "spec.producerGroups",
-        "at most 3 items",
-    ),
-]
-
-# Refused by pydantic only (the CRD cannot check map keys or duplicates in a plain list
-# cheaply, or the bound depends on quantity arithmetic the schema does not do).
-PYDANTIC_ONLY: list[tuple[str, dict[str, Any], str, str]] = [
-    # The API server prunes fields off the allow-list (or refuses them under strict
-    # field validation); the operator refuses them naming the field.
-    (
-        "template-field-off-the-list",
-        _template({"restartPolicy": "Never"}),
-        "spec.consumer.podTemplate",
-        "restartPolicy is not a field podTemplate may set",
-    ),
-    (
-        "template-volume-off-the-list",
-        _template({"volumes": [{"name": "n", "nfs": {"server": "x", "path": "/"}}]}),
-        "spec.consumer.podTemplate",
-        "nfs is not a field podTemplate may set",
-    ),
-    (
-        "duplicate-env",
-        {"spec": {"model": {"env": [{"name": "A"}, {"name": "A", "value": "x"}]}}},
-        "spec.model.env",
-        "duplicate env names",
-    ),
-    (
-        "modality-key",
-        {"spec": {"model": {"limitMmPerPrompt": {"Image": 1}}}},
-        "spec.model.limitMmPerPrompt",
-        "",
-    ),
-    # The API server refuses these too, as duplicates of a map key or set entry
-    # (test_crd_apiserver.py), in its own words.
-    (
-        "duplicate-producer-group-names",
-        _groups({"name": "a", "modalities": ["image"]}, {"name": "a", "modalities": ["video"]}),
-        "spec.producerGroups",
-        "producer group names must be unique",
-    ),
-    (
-        "modality-twice-in-a-group",
-        _groups({"name": "a", "modalities": ["image", "image"]}),
-        "spec.producerGroups",
-        "list each modality once per group",
-    ),
-]
 
 
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
@@ -647,6 +129,38 @@ def test_invalid_pool_is_refused_naming_the_field(
     assert message.startswith("EncoderPool "), message
     assert field in message, message
     assert fix in message, message
+
+
+@pytest.mark.parametrize(("case", "patch", "path"), RULE_CASES, ids=[c[0] for c in RULE_CASES])
+def test_rule_refuses_its_sample_with_its_message(
+    case: str, patch: dict[str, Any], path: str
+) -> None:
+    where, message = refusal(patch)
+    assert where == path
+    rule = rule_at(where, message)
+    with pytest.raises(ValueError, match=r"^EncoderPool \S+ is invalid: ") as info:
+        EncoderPool.from_object(patched(patch))
+    assert str(info.value).endswith(f" is invalid: {path}: {rule.message}"), info.value
+
+
+def test_every_rule_has_one_invalid_sample() -> None:
+    """RULE_CASES and TRANSITION_CASES exercise each rule once: a new rule needs a case."""
+    checked = [id(rule_at(*refusal(patch))) for _, patch, _ in RULE_CASES]
+    transitions = [id(rule_at(path)) for *_, path in TRANSITION_CASES]
+    assert len(set(checked)) == len(checked)
+    assert len(set(transitions)) == len(transitions)
+    every = {id(r): f"{path}{r.field_path}: {r.message}" for path, r in rules()}
+    missing = {every[i] for i in every.keys() - {*checked, *transitions}}
+    assert not missing, f"rules without a sample in api_cases.py: {missing}"
+
+
+def test_rules_have_a_check_unless_they_compare_with_the_stored_object() -> None:
+    for path, rule in rules():
+        if rule.check is None:
+            assert rule.cel is not None, (path, rule)
+            assert "oldSelf" in rule.cel, (path, rule)
+        else:
+            assert rule.cel is None or "oldSelf" not in rule.cel, (path, rule)
 
 
 def test_error_names_the_object() -> None:

@@ -1,6 +1,6 @@
 """The ``EncoderPool`` API (encoderpool.io/v1alpha1), one module per concern.
 
-    schema    base model, CEL rule helpers, small field types
+    schema    base model, validation rules (CEL and check in one Rule), small field types
     quantity  Kubernetes quantities: field type, exact parsing, byte ranges
     spec      EncoderPool.spec (what users write)
     status    EncoderPool.status and its conditions (what the operator writes)
@@ -35,7 +35,7 @@ from encoderpool_operator.api.quantity import (
     parse_quantity,
     quantity_bytes,
 )
-from encoderpool_operator.api.schema import ApiModel, cel
+from encoderpool_operator.api.schema import ApiModel, Rule, cel
 from encoderpool_operator.api.spec import (
     DEFAULT_MOUNT_PATH,
     DEFAULT_UCX_TRANSPORTS,
@@ -131,6 +131,7 @@ __all__ = [
     "RolloutSpec",
     "RouterAuth",
     "RouterSpec",
+    "Rule",
     "SharedVolumeSpec",
     "Toleration",
     "WidthJobSpec",

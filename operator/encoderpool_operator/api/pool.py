@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 from pydantic import Field, ValidationError, field_validator
+from pydantic_core import ErrorDetails, PydanticCustomError
 
-from encoderpool_operator.api.schema import ApiModel, cel
+from encoderpool_operator.api.schema import RULE_ERROR, ApiModel, Rule
 from encoderpool_operator.api.spec import EncoderPoolSpec
 from encoderpool_operator.api.status import EncoderPoolStatus
 
@@ -31,13 +32,14 @@ MAX_NAME_LENGTH = 50
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
-_NAME_RULE = (
-    f"must be a DNS-1035 label (lowercase letters, digits, '-', starting with a letter) "
-    f"of at most {MAX_NAME_LENGTH} characters: child objects are named <name>-<role>"
-)
-# The CRD may constrain metadata.name only; encoderpool_codegen.crd puts this rule there.
-METADATA_NAME_RULE = cel(
-    f"size(self) <= {MAX_NAME_LENGTH} && self.matches('{NAME_PATTERN}')", _NAME_RULE
+# The CRD may constrain metadata.name only: encoderpool_codegen.crd puts this rule's CEL
+# there, and EncoderPool checks it on the name it is handed.
+METADATA_NAME_RULE: Rule[str] = Rule(
+    "",
+    cel=f"size(self) <= {MAX_NAME_LENGTH} && self.matches('{NAME_PATTERN}')",
+    check=lambda name: len(name) <= MAX_NAME_LENGTH and bool(re.match(NAME_PATTERN, name)),
+    message="must be a DNS-1035 label (lowercase letters, digits, '-', starting with a "
+    f"letter) of at most {MAX_NAME_LENGTH} characters: child objects are named <name>-<role>",
 )
 
 
@@ -46,7 +48,6 @@ class EncoderPool(ApiModel):
 
     # model_validate(obj) takes what the API server returns; from_object also
     # takes kopf's mapping views and names the object in its error.
-
     api_version: Literal["encoderpool.io/v1alpha1"] = Field(
         default=API_VERSION, description="encoderpool.io/v1alpha1."
     )
@@ -63,10 +64,10 @@ class EncoderPool(ApiModel):
     @classmethod
     def _name(cls, value: dict[str, Any]) -> dict[str, Any]:
         name = value.get("name")
-        if name is not None and (
-            len(name) > MAX_NAME_LENGTH or not re.match(NAME_PATTERN, str(name))
-        ):
-            raise ValueError(f"metadata.name {name!r} {_NAME_RULE}")
+        if name is not None and not METADATA_NAME_RULE.holds(str(name)):
+            raise PydanticCustomError(
+                RULE_ERROR, METADATA_NAME_RULE.message, {"field_path": ".name"}
+            )
         return value
 
     @property
@@ -100,11 +101,20 @@ class EncoderPool(ApiModel):
 
 
 def format_errors(error: ValidationError) -> str:
-    """`spec.connector.sharedVolume.size: <what is wrong>; ...` (camelCase paths)."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '<object>'}: {err['msg']}"
-        for err in error.errors()
-    )
+    """`spec.producer.tolerations[0].value: <what is wrong>; ...`, paths spelled as the
+    API server spells them (camelCase, list indices in brackets).
+
+    A rule's error names the field the rule points at (``ctx.field_path``), as the
+    API server's does.
+    """
+    return "; ".join(f"{_path(err)}: {err['msg']}" for err in error.errors())
+
+
+def _path(err: ErrorDetails) -> str:
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+    if err["type"] == RULE_ERROR:
+        path += str(err.get("ctx", {}).get("field_path", ""))
+    return path.lstrip(".") or "<object>"
 
 
 def _plain(value: Any) -> Any:

@@ -1,19 +1,36 @@
-"""Shared building blocks of the API types: the base model, CEL rules, small field types.
+"""Shared building blocks of the API types: the base model, validation rules, small field types.
 
-Cross-field rules live twice, side by side, so they cannot drift: a pydantic
-validator (what the operator trusts) and a CEL rule in ``x-kubernetes-validations``
-(what the API server enforces), with one message. ``cel`` builds the second.
+A rule a JSON schema keyword cannot state (one field against another, a list against
+a pattern, a new value against the stored one) is a ``Rule`` in its model's ``rules``
+table, stated once: its CEL expression becomes an ``x-kubernetes-validations`` entry
+of the model's schema (the API server enforces it at admission) and its ``check``
+runs when the operator parses a pool, both refusing with the same message at the
+same field.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar, Generic, TypeVar
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError
 
 MODALITY_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+# The `type` of the pydantic errors rules raise; `ctx.field_path` carries their field.
+RULE_ERROR = "rule"
 
 
 def _utc_seconds(value: datetime) -> datetime:
@@ -36,8 +53,49 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str
 
 
 def cel_extra(*rules: dict[str, str]) -> dict[str, Any]:
-    """`json_schema_extra` carrying CEL rules (for a model_config or a Field)."""
+    """`json_schema_extra` carrying CEL rules (for a Field whose schema is built by hand)."""
     return {"x-kubernetes-validations": list(rules)}
+
+
+M = TypeVar("M")
+
+
+@dataclass(frozen=True)
+class Rule(Generic[M]):
+    """One rule of a model, for the API server (``cel``) and the operator (``check``).
+
+    ``field_path`` is the field the error names, relative to the model
+    (``.capacity``), or "" for the model itself. ``cel`` sees the object as
+    ``self`` with camelCase names (``oldSelf``: the stored object, on updates);
+    ``check`` sees the parsed model and returns whether it is valid; it must
+    accept exactly what ``cel`` accepts. ``message`` names the field and what
+    to do. Either side may be None only where it cannot exist, and a comment
+    beside the rule says why: a transition rule has no ``check`` (the operator
+    never sees the stored object), a rule the API server applies through the
+    schema (a list map's unique keys) has no ``cel``.
+    """
+
+    field_path: str
+    cel: str | None
+    check: Callable[[M], bool] | None
+    message: str
+
+    def __post_init__(self) -> None:
+        assert self.cel or self.check, f"rule {self.message!r} has neither cel nor check"
+        assert not self.field_path or self.field_path.startswith("."), self.field_path
+
+    def holds(self, value: M) -> bool:
+        """Whether ``value`` passes ``check`` (a rule without one: the API server's alone)."""
+        return self.check is None or self.check(value)
+
+    def entry(self) -> dict[str, str]:
+        """The rule's ``x-kubernetes-validations`` entry."""
+        assert self.cel is not None
+        return cel(self.cel, self.message, self.field_path)
+
+    def error(self) -> PydanticCustomError:
+        """What the operator raises: the message, the field in ``ctx.field_path``."""
+        return PydanticCustomError(RULE_ERROR, self.message, {"field_path": self.field_path})
 
 
 class ApiModel(BaseModel):
@@ -51,3 +109,27 @@ class ApiModel(BaseModel):
         validate_by_alias=True,
         serialize_by_alias=True,
     )
+
+    # The model's rules (see Rule): CEL in its schema, checks after its fields parse.
+    rules: ClassVar[tuple[Rule[Any], ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> ApiModel:
+        for rule in self.rules:
+            if not rule.holds(self):
+                raise rule.error()
+        return self
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = handler(core_schema)
+        entries = [rule.entry() for rule in cls.rules if rule.cel is not None]
+        if entries:
+            target = handler.resolve_ref_schema(json_schema)
+            target["x-kubernetes-validations"] = [
+                *target.get("x-kubernetes-validations", []),
+                *entries,
+            ]
+        return json_schema

@@ -1,7 +1,9 @@
 """``EncoderPool.spec``: what a user asks for (model, images, roles, connector, router, Job).
 
 Every ``description`` here is what ``kubectl explain`` prints, and every bound
-is one the API server enforces (the CRD is generated from these models).
+is one the API server enforces (the CRD is generated from these models). Rules
+that span fields are each model's ``rules`` table (``schema.Rule``): one CEL
+expression for the API server, one check for the operator, one message.
 Helpers that turn the spec into the connector's contracts live beside it, so a
 new field and its effect stay in one place.
 """
@@ -10,16 +12,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (
-    AfterValidator,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, field_validator
 
 from encoderpool_contracts import (
     CHANNEL_KEY_ENV,
@@ -29,20 +24,14 @@ from encoderpool_contracts import (
     RdmaSettings,
     SharedVolumeSettings,
 )
+from encoderpool_contracts.pod import ROUTER_METRICS_PORT
 from encoderpool_operator.api.pod_template import (
     POD_TEMPLATE_SCHEMA,
     SECURITY_ANNOTATION_PREFIXES,
     forbidden_fields,
 )
 from encoderpool_operator.api.quantity import ByteRange, Quantity, quantity_bytes
-from encoderpool_operator.api.schema import (
-    ApiModel,
-    Label,
-    Modality,
-    ResourceName,
-    cel,
-    cel_extra,
-)
+from encoderpool_operator.api.schema import ApiModel, Label, Modality, ResourceName, Rule
 
 DEFAULT_MOUNT_PATH = "/var/cache/encoderpool"
 # A model's PersistentVolumeClaim is mounted read-only at <MODEL_MOUNT_ROOT>/<claimName>.
@@ -56,6 +45,23 @@ NETWORK_PATTERN = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(@[A-Za-z0-9_.-]{1,15})?$"
 )
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+HOSTNAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+CIDR_PATTERN = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"
+# A map key that is a label or annotation key (an optional DNS prefix, '/', a name).
+LabelKey = Annotated[str, Field(max_length=317)]
+
+
+def _cel_list(names: tuple[str, ...]) -> str:
+    """A CEL list of string literals."""
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+
+
+def _cel_starts_with_any(expr: str, prefixes: tuple[str, ...]) -> str:
+    """CEL: the string ``expr`` starts with one of ``prefixes``."""
+    return " || ".join(f"{expr}.startsWith('{p}')" for p in prefixes)
+
+
+# ----------------------------------------------------------------------------- extraArgs
 
 # vLLM flags the operator renders from typed fields (or must never be given): `extraArgs`
 # may not set them in any spelling vLLM accepts. vLLM's parser (argparse with
@@ -85,14 +91,38 @@ OWNED_FLAGS_PATTERN = (
     r"^(--(" + "|".join(_prefixes(f) for f in OWNED_FLAGS) + r")?"
     r"|-(" + "|".join(_prefixes(f) for f in OWNED_SHORT_FLAGS) + r"))([=.].*)?$"
 )
+# The owned flags as users know them: --tensor-parallel-size/-tp, ... (--config apart).
+_OWNED_FLAG_NAMES = ", ".join(
+    f"--{f}" + ("/-tp" if f == "tensor-parallel-size" else "") for f in OWNED_FLAGS[:-1]
+)
 _OWNED_FLAGS_FIX = (
-    "spells a flag the operator sets (--model, --revision, --dtype, --served-model-name, "
-    "--tensor-parallel-size/-tp, --limit-mm-per-prompt, --ec-transfer-config, --host, "
-    "--port, --allowed-media-domains, --allowed-local-media-path, --api-key) or --config "
-    "(flags from a file), --, or a prefix, `_` or dotted spelling of one, which vLLM "
-    "accepts as that flag: set spec.model, spec.producer/consumer.tensorParallelSize or "
+    f"an item spells a flag the operator sets ({_OWNED_FLAG_NAMES}) or --config (flags "
+    "from a file), --, or a prefix, `_` or dotted spelling of one, which vLLM accepts as "
+    "that flag: set spec.model, spec.producer/consumer.tensorParallelSize or "
     "spec.connector instead (the API key comes from the pool's internal Secret)"
 )
+
+
+# ----------------------------------------------------------------------------- paths
+
+# A path inside a volume: segments separated by single '/', none of them '.' or '..',
+# so it can never leave the volume it is joined to.
+RELATIVE_PATH_PATTERN = r"^[^/]+(/[^/]+)*$"
+DOT_SEGMENT_PATTERN = r"(^|/)[.][.]?(/|$)"
+_RELATIVE_PATH = "a relative path inside the volume (no leading '/', no '.' or '..' segments)"
+
+
+def _is_inside(path: str) -> bool:
+    """``path`` is relative and stays inside the volume it is joined to."""
+    return bool(re.match(RELATIVE_PATH_PATTERN, path)) and not re.search(DOT_SEGMENT_PATTERN, path)
+
+
+def _cel_is_inside(expr: str) -> str:
+    """CEL for ``_is_inside(expr)``."""
+    return f"{expr}.matches('{RELATIVE_PATH_PATTERN}') && !{expr}.matches('{DOT_SEGMENT_PATTERN}')"
+
+
+# ----------------------------------------------------------------------------- model
 
 
 class EnvVar(ApiModel):
@@ -112,26 +142,17 @@ class LocalObjectReference(ApiModel):
     )
 
 
-# A path inside a volume: segments separated by single '/', none of them '.' or '..',
-# so it can never leave the volume it is joined to.
-RELATIVE_PATH_PATTERN = r"^[^/]+(/[^/]+)*$"
-DOT_SEGMENT_PATTERN = r"(^|/)[.][.]?(/|$)"
-_RELATIVE_PATH = "a relative path inside the volume (no leading '/', no '.' or '..' segments)"
-
-
-def _inside(value: str) -> str:
-    if not re.match(RELATIVE_PATH_PATTERN, value) or re.search(DOT_SEGMENT_PATTERN, value):
-        raise ValueError(f"{value!r} must be {_RELATIVE_PATH}")
-    return value
-
-
-def _inside_rule(expr: str) -> str:
-    """CEL: ``expr`` is a relative path that stays inside its volume."""
-    return f"{expr}.matches('{RELATIVE_PATH_PATTERN}') && !{expr}.matches('{DOT_SEGMENT_PATTERN}')"
-
-
 class PersistentVolumeClaimSource(ApiModel):
     """Model files on a PersistentVolumeClaim in the pool's namespace, mounted read-only."""
+
+    rules: ClassVar[tuple[Rule[PersistentVolumeClaimSource], ...]] = (
+        Rule(
+            ".subPath",
+            cel="!has(self.subPath) || (" + _cel_is_inside("self.subPath") + ")",
+            check=lambda s: s.sub_path is None or _is_inside(s.sub_path),
+            message="subPath must be " + _RELATIVE_PATH,
+        ),
+    )
 
     claim_name: str = Field(
         pattern=DNS_SUBDOMAIN_PATTERN,
@@ -141,13 +162,12 @@ class PersistentVolumeClaimSource(ApiModel):
         "producers, consumers and the width Job; pods on several nodes need a ReadOnlyMany "
         "or ReadWriteMany claim.",
     )
-    sub_path: Annotated[str, AfterValidator(_inside)] | None = Field(
+    sub_path: str | None = Field(
         default=None,
         min_length=1,
         max_length=512,
         description="A folder inside the claim to mount at /models/<claimName> instead of "
         "the claim's root; " + _RELATIVE_PATH + ".",
-        json_schema_extra=cel_extra(cel(_inside_rule("self"), "subPath must be " + _RELATIVE_PATH)),
     )
 
     @property
@@ -188,21 +208,9 @@ class HubToken(ApiModel):
 
 
 HUB_TOKEN_ENV = "HF_TOKEN"  # noqa: S105 (the variable's name; its value comes from a Secret)
-# vLLM's API key (it honours VLLM_API_KEY like --api-key): from the pool's internal Secret.
-# Set by the operator from the pool's internal Secret; spec.model.env may not set them.
+# vLLM's API key (it honours VLLM_API_KEY like --api-key) and the rdma side channel's key:
+# the operator sets both from the pool's internal Secret, so spec.model.env may not.
 RESERVED_ENV = (VLLM_API_KEY_ENV, CHANNEL_KEY_ENV)
-_RESERVED_IN_ENV = (
-    f"{' and '.join(RESERVED_ENV)} are set by the operator from the pool's internal Secret: "
-    "remove them from env"
-)
-_NAME_IN_SOURCE = (
-    "with source, name is the model's folder inside the claim: " + _RELATIVE_PATH + ", "
-    "e.g. tiny-qwen2vl for /models/<claimName>/tiny-qwen2vl"
-)
-_TOKEN_IN_ENV = f"{HUB_TOKEN_ENV} is set from hubToken: remove it from env"
-
-
-HOSTNAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 class MediaFetchSpec(ApiModel):
@@ -219,8 +227,8 @@ class MediaFetchSpec(ApiModel):
         Field(
             default=(),
             max_length=64,
-            description="Hosts media URLs may name, exactly (vLLM --allowed-media-domains); "
-            "empty: any public host.",
+            description="Hosts media URLs may name, exactly (vLLM --allowed-media-domains "
+            "and the router); empty: any public host.",
         )
     )
     allow_redirects: bool = Field(
@@ -234,21 +242,51 @@ class MediaFetchSpec(ApiModel):
     )
 
 
+def _env_names_unique(model: ModelSpec) -> bool:
+    names = [e.name for e in model.env]
+    return len(set(names)) == len(names)
+
+
 class ModelSpec(ApiModel):
     """The multimodal model every producer and consumer serves, and how vLLM serves it."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_extra(
-            cel(
-                "!has(self.source) || (" + _inside_rule("self.name") + ")", _NAME_IN_SOURCE, ".name"
-            ),
-            cel(
-                f"!has(self.hubToken) || !has(self.env) || "
-                f"!self.env.exists(e, e.name == '{HUB_TOKEN_ENV}')",
-                _TOKEN_IN_ENV,
-                ".env",
-            ),
-        )
+    rules: ClassVar[tuple[Rule[ModelSpec], ...]] = (
+        Rule(
+            ".name",
+            cel="!has(self.source) || (" + _cel_is_inside("self.name") + ")",
+            check=lambda m: m.source is None or _is_inside(m.name),
+            message="with source, name is the model's folder inside the claim: "
+            + _RELATIVE_PATH
+            + ", e.g. tiny-qwen2vl for /models/<claimName>/tiny-qwen2vl",
+        ),
+        Rule(
+            ".env",
+            cel=f"!has(self.hubToken) || !has(self.env) || "
+            f"!self.env.exists(e, e.name == '{HUB_TOKEN_ENV}')",
+            check=lambda m: m.hub_token is None or all(e.name != HUB_TOKEN_ENV for e in m.env),
+            message=f"{HUB_TOKEN_ENV} is set from hubToken: remove it from env",
+        ),
+        Rule(
+            ".env",
+            cel=f"!has(self.env) || self.env.all(e, !(e.name in {_cel_list(RESERVED_ENV)}))",
+            check=lambda m: all(e.name not in RESERVED_ENV for e in m.env),
+            message=f"{' and '.join(RESERVED_ENV)} are set by the operator from the pool's "
+            "internal Secret: remove them from env",
+        ),
+        # The API server refuses duplicates itself (env is a list map keyed by name).
+        Rule(
+            ".env",
+            cel=None,
+            check=_env_names_unique,
+            message="duplicate env names: give each name once",
+        ),
+        Rule(
+            ".extraArgs",
+            cel="!has(self.extraArgs) || "
+            f"self.extraArgs.all(a, !a.matches('{OWNED_FLAGS_PATTERN}'))",
+            check=lambda m: not any(re.match(OWNED_FLAGS_PATTERN, a) for a in m.extra_args),
+            message=_OWNED_FLAGS_FIX,
+        ),
     )
 
     name: str = Field(
@@ -302,67 +340,26 @@ class ModelSpec(ApiModel):
         default=(),
         max_length=64,
         description="More `vllm serve` arguments for producers and consumers, e.g. "
-        "[--max-model-len, '8192']. Flags the operator sets from typed fields "
-        "(--model, --revision, --dtype, --served-model-name, --tensor-parallel-size, "
-        "--limit-mm-per-prompt, --ec-transfer-config, --host, --port, --allowed-media-domains, "
-        "--allowed-local-media-path, --api-key) and --config are refused in every spelling "
-        "vLLM accepts (prefixes, --flag=value, _ for -, dotted keys).",
-        json_schema_extra=cel_extra(
-            cel(f"self.all(a, !a.matches('{OWNED_FLAGS_PATTERN}'))", "an item " + _OWNED_FLAGS_FIX)
-        ),
+        f"[--max-model-len, '8192']. Flags the operator sets from typed fields "
+        f"({_OWNED_FLAG_NAMES}) and --config are refused in every spelling vLLM accepts "
+        "(prefixes, --flag=value, _ for -, dotted keys).",
     )
     env: tuple[EnvVar, ...] = Field(
         default=(),
         max_length=64,
         description="Environment variables for the vLLM containers (names unique; not "
-        f"{' or '.join(RESERVED_ENV)}).",
-        json_schema_extra={
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["name"],
-            **cel_extra(
-                cel(
-                    "self.all(e, !(e.name in [" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "]))",
-                    _RESERVED_IN_ENV,
-                )
-            ),
-        },
+        f"{' or '.join(RESERVED_ENV)}, nor {HUB_TOKEN_ENV} with hubToken).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-
-    @field_validator("extra_args")
-    @classmethod
-    def _not_owned(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for i, arg in enumerate(value):
-            if re.match(OWNED_FLAGS_PATTERN, arg):
-                raise ValueError(f"item {i} ({arg[:64]!r}) {_OWNED_FLAGS_FIX}")
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _unique_names(cls, value: tuple[EnvVar, ...]) -> tuple[EnvVar, ...]:
-        names = [e.name for e in value]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"duplicate env names {duplicates}: give each name once")
-        if any(n in RESERVED_ENV for n in names):
-            raise ValueError(_RESERVED_IN_ENV)
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ModelSpec:
-        if self.source is not None:
-            try:
-                _inside(self.name)
-            except ValueError:
-                raise ValueError(f"name {self.name!r}: {_NAME_IN_SOURCE}") from None
-        if self.hub_token is not None and any(e.name == HUB_TOKEN_ENV for e in self.env):
-            raise ValueError(f"env: {_TOKEN_IN_ENV}")
-        return self
 
     def path(self) -> str:
         """What vLLM loads: name itself, or with a source, name inside the claim's mount."""
         if self.source is None:
             return self.name
         return f"{self.source.persistent_volume_claim.mount_path}/{self.name}"
+
+
+# ----------------------------------------------------------------------------- roles
 
 
 class ResourceRequirements(ApiModel):
@@ -380,27 +377,23 @@ class ResourceRequirements(ApiModel):
     )
 
 
-_TOLERATION_VALUE_RULE = "value must be empty when operator is Exists"
-_TOLERATION_SECONDS_RULE = "tolerationSeconds applies only to effect NoExecute"
-
-
 class Toleration(ApiModel):
     """A Pod toleration (see `kubectl explain pod.spec.tolerations`)."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_extra(
-            cel(
-                "!has(self.operator) || self.operator != 'Exists' || "
-                "!has(self.value) || self.value == ''",
-                _TOLERATION_VALUE_RULE,
-                ".value",
-            ),
-            cel(
-                "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
-                _TOLERATION_SECONDS_RULE,
-                ".tolerationSeconds",
-            ),
-        )
+    rules: ClassVar[tuple[Rule[Toleration], ...]] = (
+        Rule(
+            ".value",
+            cel="!has(self.operator) || self.operator != 'Exists' || "
+            "!has(self.value) || self.value == ''",
+            check=lambda t: t.operator != "Exists" or not t.value,
+            message="value must be empty when operator is Exists",
+        ),
+        Rule(
+            ".tolerationSeconds",
+            cel="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            check=lambda t: t.toleration_seconds is None or t.effect == "NoExecute",
+            message="tolerationSeconds applies only to effect NoExecute",
+        ),
     )
 
     key: str | None = Field(
@@ -420,30 +413,11 @@ class Toleration(ApiModel):
         description="With NoExecute: how long the pod stays bound after the taint appears.",
     )
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Toleration:
-        if self.operator == "Exists" and self.value:
-            raise ValueError(_TOLERATION_VALUE_RULE)
-        if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise ValueError(_TOLERATION_SECONDS_RULE)
-        return self
-
 
 _FREE_FORM: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
 
-
 # Label key prefixes the operator's selectors and owner labels use; podLabels may not.
 RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "encoderpool.io/")
-_PROFILE_ANNOTATIONS = (
-    "podAnnotations may not set seccomp or AppArmor profiles ("
-    + ", ".join(f"{p}*" for p in SECURITY_ANNOTATION_PREFIXES)
-    + "): the operator sets the pods' profile; remove them"
-)
-_RESERVED_LABELS = (
-    "podLabels may not set "
-    + " or ".join(f"{p}*" for p in RESERVED_LABEL_PREFIXES)
-    + " keys: the operator's selectors and owner labels use them"
-)
 
 
 class TopologySpreadConstraint(ApiModel):
@@ -459,7 +433,8 @@ class TopologySpreadConstraint(ApiModel):
     )
     when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
         default="ScheduleAnyway",
-        description="DoNotSchedule keeps a pod Pending rather than skew further.",
+        description="ScheduleAnyway (the default) schedules a pod even where it skews "
+        "further; DoNotSchedule keeps it Pending instead.",
     )
 
     def render(self, selector: Mapping[str, str]) -> dict[str, Any]:
@@ -471,9 +446,6 @@ class TopologySpreadConstraint(ApiModel):
         }
 
 
-_ROLLOUT_MOVES = "maxSurge and maxUnavailable cannot both be 0: the rollout could never start"
-
-
 class RolloutSpec(ApiModel):
     """A Deployment's rolling update, in pods.
 
@@ -483,10 +455,14 @@ class RolloutSpec(ApiModel):
     every replica serving during the roll.
     """
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_extra(
-            cel("self.maxSurge > 0 || self.maxUnavailable > 0", _ROLLOUT_MOVES)
-        )
+    rules: ClassVar[tuple[Rule[RolloutSpec], ...]] = (
+        Rule(
+            "",
+            cel="self.maxSurge > 0 || self.maxUnavailable > 0",
+            check=lambda r: r.max_surge > 0 or r.max_unavailable > 0,
+            message="maxSurge and maxUnavailable cannot both be 0: the rollout could never "
+            "start; raise one of them",
+        ),
     )
 
     max_surge: int = Field(
@@ -496,15 +472,37 @@ class RolloutSpec(ApiModel):
         default=1, ge=0, le=256, description="Pods that may be missing during a rollout."
     )
 
-    @model_validator(mode="after")
-    def _moves(self) -> RolloutSpec:
-        if self.max_surge == 0 and self.max_unavailable == 0:
-            raise ValueError(_ROLLOUT_MOVES)
-        return self
-
 
 class RoleSpec(ApiModel):
     """One role's pods: producers run the encoder only, consumers run the LM."""
+
+    rules: ClassVar[tuple[Rule[RoleSpec], ...]] = (
+        Rule(
+            ".podLabels",
+            cel="!has(self.podLabels) || !self.podLabels.exists(k, "
+            + _cel_starts_with_any("k", RESERVED_LABEL_PREFIXES)
+            + ")",
+            check=lambda r: not any(k.startswith(RESERVED_LABEL_PREFIXES) for k in r.pod_labels),
+            message="podLabels may not set "
+            + " or ".join(f"{p}*" for p in RESERVED_LABEL_PREFIXES)
+            + " keys: the operator's selectors and owner labels use them; remove them",
+        ),
+        Rule(
+            ".podAnnotations",
+            cel="!has(self.podAnnotations) || !self.podAnnotations.exists(k, "
+            + _cel_starts_with_any("k", SECURITY_ANNOTATION_PREFIXES)
+            + ")",
+            check=lambda r: (
+                not any(k.startswith(SECURITY_ANNOTATION_PREFIXES) for k in r.pod_annotations)
+            ),
+            message="podAnnotations may not set seccomp or AppArmor profiles ("
+            + ", ".join(f"{p}*" for p in SECURITY_ANNOTATION_PREFIXES)
+            + "): the operator sets the pods' profile; remove them",
+        ),
+        # podTemplate's rules live with its schema (pod_template.py): it is a partial
+        # PodTemplateSpec, not a model, so its CEL sits inside the schema it declares and
+        # forbidden_fields (the validator below) mirrors it path by path.
+    )
 
     replicas: int = Field(default=1, ge=1, le=256, description="Number of pods.")
     tensor_parallel_size: int = Field(
@@ -518,7 +516,7 @@ class RoleSpec(ApiModel):
         default_factory=ResourceRequirements,
         description="Resources of the vLLM container, e.g. limits {nvidia.com/gpu: 1}.",
     )
-    node_selector: dict[Annotated[str, Field(max_length=317)], Label] = Field(
+    node_selector: dict[LabelKey, Label] = Field(
         default_factory=dict, max_length=32, description="Node labels the pods must match."
     )
     tolerations: tuple[Toleration, ...] = Field(
@@ -534,14 +532,16 @@ class RoleSpec(ApiModel):
         description="Partial PodTemplateSpec (metadata, spec) merged over the one the "
         "operator renders: maps merge key by key, named lists (containers, volumes, "
         "volumeMounts, env, ...) by name, other values replace. For what the typed fields do "
-        "not cover, e.g. priorityClassName, topologySpreadConstraints, extra volumes and "
-        "mounts. An allow-list: pod spec fields as listed in the schema (others are pruned), "
-        "volumes of the Pod Security restricted kinds, security contexts that only lower "
-        "privileges. Refused: serviceAccountName, automountServiceAccountToken, nodeName, host "
-        "namespaces, hostPath volumes, projected serviceAccountToken sources, privileged or "
-        "root (runAsUser/runAsGroup 0) containers, added capabilities, seccomp, AppArmor and "
-        "SELinux profiles, procMount, sysctls, and the vllm container's image, command and "
-        "args. The operator's restricted security fields are applied after the merge.",
+        "not cover, e.g. runtimeClassName, terminationGracePeriodSeconds, sidecar containers, "
+        "extra volumes and mounts. An allow-list: pod spec fields as listed in the schema "
+        "(others are pruned), volumes of the Pod Security restricted kinds, security "
+        "contexts that only lower privileges. Refused: serviceAccountName, "
+        "automountServiceAccountToken, nodeName, host namespaces, hostPath volumes, "
+        "projected serviceAccountToken sources, privileged or root (runAsUser/runAsGroup 0, "
+        "runAsNonRoot false) containers, privilege escalation, added capabilities, seccomp, "
+        "AppArmor and SELinux profiles, procMount, sysctls, and the vllm container's image, "
+        "command and args. The operator's restricted security fields are applied after the "
+        "merge.",
         json_schema_extra=POD_TEMPLATE_SCHEMA,
     )
     rollout: RolloutSpec = Field(
@@ -558,48 +558,16 @@ class RoleSpec(ApiModel):
     topology_spread_constraints: tuple[TopologySpreadConstraint, ...] = Field(
         default=(), max_length=8, description="How the pods spread over nodes or zones."
     )
-    pod_labels: dict[Annotated[str, Field(max_length=317)], Label] = Field(
+    pod_labels: dict[LabelKey, Label] = Field(
         default_factory=dict,
         max_length=32,
         description="Extra labels on the pods (not app.kubernetes.io/* or encoderpool.io/*).",
-        json_schema_extra=cel_extra(
-            cel(
-                "!self.exists(k, "
-                + " || ".join(f"k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES)
-                + ")",
-                _RESERVED_LABELS,
-            )
-        ),
     )
-    pod_annotations: dict[
-        Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=4096)]
-    ] = Field(
+    pod_annotations: dict[LabelKey, Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=dict,
         max_length=32,
         description="Extra annotations on the pods (no seccomp or AppArmor profile ones).",
-        json_schema_extra=cel_extra(
-            cel(
-                "!self.exists(k, "
-                + " || ".join(f"k.startsWith('{p}')" for p in SECURITY_ANNOTATION_PREFIXES)
-                + ")",
-                _PROFILE_ANNOTATIONS,
-            )
-        ),
     )
-
-    @field_validator("pod_labels")
-    @classmethod
-    def _free_labels(cls, value: dict[str, str]) -> dict[str, str]:
-        if any(k.startswith(RESERVED_LABEL_PREFIXES) for k in value):
-            raise ValueError(_RESERVED_LABELS)
-        return value
-
-    @field_validator("pod_annotations")
-    @classmethod
-    def _no_profiles(cls, value: dict[str, str]) -> dict[str, str]:
-        if any(k.startswith(SECURITY_ANNOTATION_PREFIXES) for k in value):
-            raise ValueError(_PROFILE_ANNOTATIONS)
-        return value
 
     @field_validator("pod_template")
     @classmethod
@@ -614,16 +582,6 @@ ProducerModality = Literal["image", "video", "audio"]
 MAX_PRODUCER_GROUPS = 3  # one per modality at most: a modality belongs to one group
 MAX_GROUP_NAME = 16
 GROUP_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-_MODALITY_IN_ONE_GROUP = (
-    "each modality may belong to one producer group only: the router sends every item of "
-    "a modality to that modality's group; move the modality into one group"
-)
-_GROUP_NAMES_UNIQUE = "producer group names must be unique: rename one of the groups"
-_GROUP_MODALITIES_UNIQUE = "list each modality once per group"
-_GROUP_OF_NO_ITEMS = (
-    "a producer group serves a modality that model.limitMmPerPrompt sets to 0: no item "
-    "of it can reach the group; remove the modality from the group or raise the limit"
-)
 
 
 class ProducerGroup(ApiModel):
@@ -635,13 +593,23 @@ class ProducerGroup(ApiModel):
     the pool's one connector configuration, so its entries load in any consumer.
     """
 
+    rules: ClassVar[tuple[Rule[ProducerGroup], ...]] = (
+        # The API server refuses duplicates itself (modalities is a list-type set).
+        Rule(
+            ".modalities",
+            cel=None,
+            check=lambda g: len(set(g.modalities)) == len(g.modalities),
+            message="list each modality once per group",
+        ),
+    )
+
     name: str = Field(
         min_length=1,
         max_length=MAX_GROUP_NAME,
         pattern=GROUP_NAME_PATTERN,
         description="The group's name (a DNS-1035 label): its Deployment, headless Service "
-        "and NetworkPolicy are <pool>-producer-<name> (cut and suffixed with a hash past 63 "
-        "characters).",
+        "and NetworkPolicy are <pool>-producer-<name> (past 63 characters, the pool's name "
+        "is cut and suffixed with a hash of it).",
     )
     modalities: tuple[ProducerModality, ...] = Field(
         min_length=1,
@@ -657,7 +625,7 @@ class ProducerGroup(ApiModel):
         default=None,
         description="Resources of the vLLM container; default: spec.producer.resources.",
     )
-    node_selector: dict[Annotated[str, Field(max_length=317)], Label] | None = Field(
+    node_selector: dict[LabelKey, Label] | None = Field(
         default=None,
         max_length=32,
         description="Node labels the pods must match; default: spec.producer.nodeSelector.",
@@ -667,13 +635,6 @@ class ProducerGroup(ApiModel):
         max_length=32,
         description="Taints the pods tolerate; default: spec.producer.tolerations.",
     )
-
-    @field_validator("modalities")
-    @classmethod
-    def _once(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if len(set(value)) != len(value):
-            raise ValueError(_GROUP_MODALITIES_UNIQUE)
-        return value
 
     def role(self, producer: RoleSpec) -> RoleSpec:
         """``producer`` with what this group sets instead (the group's pod settings)."""
@@ -689,51 +650,76 @@ class ProducerGroup(ApiModel):
         return producer.model_copy(update=update)
 
 
-_ONE_TRANSPORT = "set exactly one of sharedVolume (a ReadWriteMany volume) or rdma (NIXL over UCX)"
-_ONE_CLAIM = (
-    "set exactly one of size (the operator creates a ReadWriteMany PVC of that size) "
-    "or existingClaim (a PVC you created)"
-)
-_CLASS_NEEDS_SIZE = (
-    "storageClassName applies only to a new claim: remove it, or use size instead of existingClaim"
-)
-_CAPACITY_NEEDED = (
-    "capacity is required with existingClaim: the operator cannot tell the claim's size"
-)
-_CAPACITY_FITS = "capacity must not exceed size: lower capacity or grow size"
-_SIZE_GROWS = "size cannot shrink (a PVC can only grow): keep it or raise it"
-_CLASS_FIXED = (
-    "storageClassName cannot change (a PVC keeps its storage class): restore it, or use a new pool"
-)
+# ----------------------------------------------------------------------------- connector
+
+
+def _capacity_fits(volume: SharedVolumeSpec) -> bool:
+    if volume.capacity is None or volume.size is None:
+        return True
+    return quantity_bytes(volume.capacity) <= quantity_bytes(volume.size)
+
+
+def _clean_mount_path(path: str) -> bool:
+    """No '.' or '..' segment and no empty one ('//'): the path says where it mounts."""
+    return not re.search(DOT_SEGMENT_PATTERN, path) and "//" not in path
 
 
 class SharedVolumeSpec(ApiModel):
     """A filesystem every producer and consumer mounts; embeddings are files on it."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_extra(
-            cel("has(self.size) != has(self.existingClaim)", _ONE_CLAIM),
-            cel("!has(self.storageClassName) || has(self.size)", _CLASS_NEEDS_SIZE),
-            cel("has(self.capacity) || has(self.size)", _CAPACITY_NEEDED),
-            cel(
-                "!has(self.capacity) || !has(self.size) || "
-                "quantity(string(self.capacity)).compareTo(quantity(string(self.size))) <= 0",
-                _CAPACITY_FITS,
-                ".capacity",
-            ),
-            cel(
-                "!has(self.size) || !has(oldSelf.size) || "
-                "quantity(string(self.size)).compareTo(quantity(string(oldSelf.size))) >= 0",
-                _SIZE_GROWS,
-                ".size",
-            ),
-            cel(
-                "!has(self.size) || !has(oldSelf.size) || "
-                "(has(self.storageClassName) ? self.storageClassName : '') == "
-                "(has(oldSelf.storageClassName) ? oldSelf.storageClassName : '')",
-                _CLASS_FIXED,
-            ),
-        )
+    rules: ClassVar[tuple[Rule[SharedVolumeSpec], ...]] = (
+        Rule(
+            "",
+            cel="has(self.size) != has(self.existingClaim)",
+            check=lambda v: (v.size is None) != (v.existing_claim is None),
+            message="set exactly one of size (the operator creates a ReadWriteMany PVC of "
+            "that size) or existingClaim (a PVC you created)",
+        ),
+        Rule(
+            "",
+            cel="!has(self.storageClassName) || has(self.size)",
+            check=lambda v: v.storage_class_name is None or v.size is not None,
+            message="storageClassName applies only to a new claim: remove it, or use size "
+            "instead of existingClaim",
+        ),
+        Rule(
+            "",
+            cel="has(self.capacity) || has(self.size)",
+            check=lambda v: v.capacity is not None or v.size is not None,
+            message="capacity is required with existingClaim: the operator cannot tell the "
+            "claim's size",
+        ),
+        Rule(
+            ".capacity",
+            cel="!has(self.capacity) || !has(self.size) || "
+            "quantity(string(self.capacity)).compareTo(quantity(string(self.size))) <= 0",
+            check=_capacity_fits,
+            message="capacity must not exceed size: lower capacity or grow size",
+        ),
+        Rule(
+            ".mountPath",
+            cel=f"!self.mountPath.matches('{DOT_SEGMENT_PATTERN}') && "
+            "!self.mountPath.contains('//')",
+            check=lambda v: _clean_mount_path(v.mount_path),
+            message="mountPath must be a clean absolute path: no '.' or '..' segments, no '//'",
+        ),
+        # Transition rules: only the API server holds the stored object to compare with.
+        Rule(
+            ".size",
+            cel="!has(self.size) || !has(oldSelf.size) || "
+            "quantity(string(self.size)).compareTo(quantity(string(oldSelf.size))) >= 0",
+            check=None,
+            message="size cannot shrink (a PVC can only grow): keep it or raise it",
+        ),
+        Rule(
+            "",
+            cel="!has(self.size) || !has(oldSelf.size) || "
+            "(has(self.storageClassName) ? self.storageClassName : '') == "
+            "(has(oldSelf.storageClassName) ? oldSelf.storageClassName : '')",
+            check=None,
+            message="storageClassName cannot change (a PVC keeps its storage class): restore "
+            "it, or use a new pool",
+        ),
     )
 
     size: Annotated[Quantity, ByteRange(1 << 20, 1 << 50)] | None = Field(
@@ -746,8 +732,8 @@ class SharedVolumeSpec(ApiModel):
         min_length=1,
         max_length=253,
         pattern=DNS_SUBDOMAIN_PATTERN,
-        description="Storage class of the new PVC; it must offer ReadWriteMany. "
-        "Default: the cluster's default class.",
+        description="Storage class of the new PVC; it must offer ReadWriteMany and cannot "
+        "change. Default: the cluster's default class.",
     )
     existing_claim: str | None = Field(
         default=None,
@@ -762,40 +748,19 @@ class SharedVolumeSpec(ApiModel):
         min_length=2,
         max_length=256,
         pattern=r"^/[^\s]*[^/\s]$",
-        description="Where the volume is mounted in the pods; the cache lives there.",
+        description="Where the volume is mounted in the pods (an absolute path); the cache "
+        "lives there.",
     )
     capacity: Annotated[Quantity, ByteRange(1 << 20, 1 << 50)] | None = Field(
         default=None,
-        description="Most bytes the cache keeps before evicting, e.g. 180Gi. Default "
-        "with size: 90% of size. Required with existingClaim.",
+        description="Most bytes the cache keeps before evicting, e.g. 180Gi; at most size. "
+        "Default with size: 90% of size. Required with existingClaim.",
     )
     eviction: Literal["lru", "fifo"] = Field(
         default="lru",
-        description="lru evicts the least recently loaded entry; fifo the oldest written.",
+        description="lru (the default) evicts the least recently loaded entry; fifo the "
+        "oldest written.",
     )
-
-    @field_validator("mount_path")
-    @classmethod
-    def _clean_path(cls, value: str) -> str:
-        if "/../" in value + "/" or "/./" in value + "/" or "//" in value:
-            raise ValueError(f"{value!r} must be a clean absolute path (no '.', '..', '//')")
-        return value
-
-    @model_validator(mode="after")
-    def _one_claim(self) -> SharedVolumeSpec:
-        if (self.size is None) == (self.existing_claim is None):
-            raise ValueError(_ONE_CLAIM)
-        if self.storage_class_name is not None and self.size is None:
-            raise ValueError(_CLASS_NEEDS_SIZE)
-        if self.capacity is None and self.size is None:
-            raise ValueError(_CAPACITY_NEEDED)
-        if (
-            self.capacity is not None
-            and self.size is not None
-            and quantity_bytes(self.capacity) > quantity_bytes(self.size)
-        ):
-            raise ValueError(_CAPACITY_FITS)
-        return self
 
     def capacity_bytes(self) -> int:
         """The cache bound: capacity, else 90% of a new claim's size (room for temp files)."""
@@ -811,22 +776,24 @@ class SharedVolumeSpec(ApiModel):
         )
 
 
-_SHM_FITS = (
-    "shmSize must be at least bufferSize: the registered buffer lives in /dev/shm; "
-    "raise shmSize or lower bufferSize"
-)
-
-
 # UCX_TLS values that let UCX cross nodes without an RDMA device: tcp, all, or an
 # exclusion list (^x: every transport but x, tcp included).
 CROSSES_NODES_PATTERN = r"(^|,)(tcp|all)(,|$)"
-_NEEDS_A_DEVICE = (
-    "ucxTransports lists no transport that reaches another node without an RDMA device "
-    "(rc, ud, dc, ... need one; sm, self, cma stay on the node), and neither resourceName nor "
-    "networks gives the pods one: set resourceName (your RDMA device plugin's resource, e.g. "
-    "rdma/hca), or networks (a Multus network with an RDMA NIC), or add tcp to ucxTransports "
-    "(e.g. tcp,sm,self) where there is no RDMA NIC"
-)
+
+
+def _shm_fits(rdma: RdmaSpec) -> bool:
+    if rdma.shm_size is None:
+        return True
+    return quantity_bytes(rdma.shm_size) >= quantity_bytes(rdma.buffer_size)
+
+
+def _reaches_other_nodes(rdma: RdmaSpec) -> bool:
+    return bool(
+        rdma.resource_name
+        or rdma.networks
+        or rdma.ucx_transports.startswith("^")
+        or re.search(CROSSES_NODES_PATTERN, rdma.ucx_transports)
+    )
 
 
 class RdmaSpec(ApiModel):
@@ -837,22 +804,28 @@ class RdmaSpec(ApiModel):
     themselves. Refused at admission with what to set instead.
     """
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_extra(
-            cel(
-                "!has(self.shmSize) || !has(self.bufferSize) || "
-                "quantity(string(self.shmSize)).compareTo(quantity(string(self.bufferSize))) >= 0",
-                _SHM_FITS,
-                ".shmSize",
-            ),
-            cel(
-                "has(self.resourceName) || (has(self.networks) && size(self.networks) > 0) || "
-                "(has(self.ucxTransports) && (self.ucxTransports.startsWith('^') || "
-                f"self.ucxTransports.matches('{CROSSES_NODES_PATTERN}')))",
-                _NEEDS_A_DEVICE,
-                ".ucxTransports",
-            ),
-        )
+    rules: ClassVar[tuple[Rule[RdmaSpec], ...]] = (
+        Rule(
+            ".shmSize",
+            cel="!has(self.shmSize) || !has(self.bufferSize) || "
+            "quantity(string(self.shmSize)).compareTo(quantity(string(self.bufferSize))) >= 0",
+            check=_shm_fits,
+            message="shmSize must be at least bufferSize: the registered buffer lives in "
+            "/dev/shm; raise shmSize or lower bufferSize",
+        ),
+        Rule(
+            ".ucxTransports",
+            cel="has(self.resourceName) || (has(self.networks) && size(self.networks) > 0) || "
+            "(has(self.ucxTransports) && (self.ucxTransports.startsWith('^') || "
+            f"self.ucxTransports.matches('{CROSSES_NODES_PATTERN}')))",
+            check=_reaches_other_nodes,
+            message="ucxTransports lists no transport that reaches another node without an "
+            "RDMA device (rc, ud, dc, ... need one; sm, self, cma stay on the node), and "
+            "neither resourceName nor networks gives the pods one: set resourceName (your "
+            "RDMA device plugin's resource, e.g. rdma/hca), or networks (a Multus network "
+            "with an RDMA NIC), or add tcp to ucxTransports (e.g. tcp,sm,self) where there "
+            "is no RDMA NIC",
+        ),
     )
 
     resource_name: str | None = Field(
@@ -860,8 +833,9 @@ class RdmaSpec(ApiModel):
         min_length=1,
         max_length=253,
         pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
-        description="Extended resource of the RDMA device plugin to request, e.g. "
-        "rdma/hca or nvidia.com/hostdev. Omit where UCX uses TCP or shared memory.",
+        description="Extended resource of the RDMA device plugin to request (requests and "
+        "limits), e.g. rdma/hca or nvidia.com/hostdev. Omit where UCX uses TCP or shared "
+        "memory.",
     )
     resource_count: int = Field(
         default=1, ge=1, le=16, description="How many of resourceName each pod requests."
@@ -877,7 +851,8 @@ class RdmaSpec(ApiModel):
         min_length=1,
         max_length=256,
         pattern=r"^\^?[a-z0-9_]+(,[a-z0-9_]+)*$",
-        description="UCX_TLS: UCX transports in order, e.g. rc,sm,self (verbs) or tcp,sm,self.",
+        description="UCX_TLS: UCX transports in order, e.g. rc,sm,self (verbs, the default) "
+        "or tcp,sm,self; ^x means every transport but x.",
     )
     ucx_net_devices: str | None = Field(
         default=None,
@@ -908,25 +883,6 @@ class RdmaSpec(ApiModel):
         "consumers read them. Count it in the producer's memory request.",
     )
 
-    @model_validator(mode="after")
-    def _shm_fits(self) -> RdmaSpec:
-        if self.shm_size is not None and quantity_bytes(self.shm_size) < quantity_bytes(
-            self.buffer_size
-        ):
-            raise ValueError(_SHM_FITS)
-        return self
-
-    @model_validator(mode="after")
-    def _reaches_other_nodes(self) -> RdmaSpec:
-        if not (
-            self.resource_name
-            or self.networks
-            or self.ucx_transports.startswith("^")
-            or re.search(CROSSES_NODES_PATTERN, self.ucx_transports)
-        ):
-            raise ValueError(_NEEDS_A_DEVICE)
-        return self
-
     def settings(self) -> RdmaSettings:
         """What the connector reads (ConnectorConfig.rdma)."""
         return RdmaSettings(
@@ -938,8 +894,14 @@ class RdmaSpec(ApiModel):
 class ConnectorSpec(ApiModel):
     """How embeddings travel from producers to consumers: exactly one transport."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_extra(cel("has(self.sharedVolume) != has(self.rdma)", _ONE_TRANSPORT))
+    rules: ClassVar[tuple[Rule[ConnectorSpec], ...]] = (
+        Rule(
+            "",
+            cel="has(self.sharedVolume) != has(self.rdma)",
+            check=lambda c: (c.shared_volume is None) != (c.rdma is None),
+            message="set exactly one of sharedVolume (a ReadWriteMany volume) or rdma (NIXL "
+            "over UCX)",
+        ),
     )
 
     shared_volume: SharedVolumeSpec | None = Field(
@@ -949,25 +911,19 @@ class ConnectorSpec(ApiModel):
         default=None, description="Embeddings read over RDMA (NIXL with UCX)."
     )
 
-    @model_validator(mode="after")
-    def _one_transport(self) -> ConnectorSpec:
-        if (self.shared_volume is None) == (self.rdma is None):
-            raise ValueError(_ONE_TRANSPORT)
-        return self
-
     @property
     def transport(self) -> Literal["sharedVolume", "rdma"]:
         """The transport's name as ConnectorConfig and status.transport spell it."""
         return "sharedVolume" if self.shared_volume is not None else "rdma"
 
 
-_ONE_SELECTOR = "set at least one of podSelector, namespaceSelector or ipBlock"
+# ----------------------------------------------------------------------------- network
 
 
 class LabelSelector(ApiModel):
     """Objects whose labels hold every pair (an empty selector matches all)."""
 
-    match_labels: dict[Annotated[str, Field(max_length=317)], Label] = Field(
+    match_labels: dict[LabelKey, Label] = Field(
         default_factory=dict, max_length=16, description="Labels the objects must carry."
     )
 
@@ -975,13 +931,12 @@ class LabelSelector(ApiModel):
         return {"matchLabels": dict(self.match_labels)}
 
 
-CIDR_PATTERN = r"^[0-9a-fA-F:.]+/[0-9]{1,3}$"
-
-
 class IpBlock(ApiModel):
     """An address range (for clients outside the cluster, e.g. a load balancer's)."""
 
-    cidr: str = Field(min_length=9, max_length=43, pattern=CIDR_PATTERN, description="CIDR.")
+    cidr: str = Field(
+        min_length=9, max_length=43, pattern=CIDR_PATTERN, description="CIDR, e.g. 10.0.0.0/8."
+    )
     except_: tuple[Annotated[str, Field(max_length=43, pattern=CIDR_PATTERN)], ...] = Field(
         default=(), alias="except", max_length=16, description="CIDRs inside cidr to leave out."
     )
@@ -990,13 +945,15 @@ class IpBlock(ApiModel):
 class NetworkPeer(ApiModel):
     """Who may connect: as a NetworkPolicyPeer (selectors by matchLabels)."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_extra(
-            cel(
-                "has(self.podSelector) || has(self.namespaceSelector) || has(self.ipBlock)",
-                _ONE_SELECTOR,
-            )
-        )
+    rules: ClassVar[tuple[Rule[NetworkPeer], ...]] = (
+        Rule(
+            "",
+            cel="has(self.podSelector) || has(self.namespaceSelector) || has(self.ipBlock)",
+            check=lambda p: (
+                not (p.pod_selector is None and p.namespace_selector is None and p.ip_block is None)
+            ),
+            message="set at least one of podSelector, namespaceSelector or ipBlock",
+        ),
     )
 
     pod_selector: LabelSelector | None = Field(
@@ -1006,12 +963,6 @@ class NetworkPeer(ApiModel):
         default=None, description="Namespaces; {} means every namespace."
     )
     ip_block: IpBlock | None = Field(default=None, description="An address range.")
-
-    @model_validator(mode="after")
-    def _something(self) -> NetworkPeer:
-        if self.pod_selector is None and self.namespace_selector is None and self.ip_block is None:
-            raise ValueError(_ONE_SELECTOR)
-        return self
 
     def render(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -1032,8 +983,9 @@ class NetworkPolicySpec(ApiModel):
     Clients reach the router; the router reaches producers and consumers; consumers
     reach producers (rdma: the side channel and UCX's ports); nothing reaches the
     width Job. vLLM serves /metrics on its API port, so scrapers named in
-    ``metrics`` can reach that port (and with it the API). Effective only where the
-    cluster's network plugin enforces NetworkPolicy.
+    ``metrics`` reach that port (its API still needs the pool's key) and the router's
+    metrics port. Effective only where the cluster's network plugin enforces
+    NetworkPolicy.
     """
 
     enabled: bool = Field(default=True, description="Render the policies; false removes them.")
@@ -1046,8 +998,13 @@ class NetworkPolicySpec(ApiModel):
     metrics: tuple[NetworkPeer, ...] = Field(
         default=(),
         max_length=16,
-        description="Scrapers allowed on the vLLM pods' port (it serves /metrics and the API).",
+        description="Scrapers allowed on the vLLM pods' port (vLLM serves /metrics beside "
+        "its API, which needs the pool's key) "
+        f"and on the router's metrics port ({ROUTER_METRICS_PORT}).",
     )
+
+
+# ----------------------------------------------------------------------------- router
 
 
 class RouterAuth(ApiModel):
@@ -1057,19 +1014,21 @@ class RouterAuth(ApiModel):
         description="A key of a Secret in the pool's namespace (you make it) holding the "
         "accepted tokens, one per line: add a line to roll a new token in, remove one to "
         "revoke it. It is mounted into the router pods, which re-read it when Kubernetes "
-        "updates it; every /v1 request then needs `Authorization: Bearer <token>` (else "
-        "401). The operator never reads it."
+        "updates it; every request but /health and /livez then needs `Authorization: "
+        "Bearer <token>` (else 401). The operator never reads it."
     )
-
-
-_AUTH_NEEDS_ROUTER = "auth needs the router: set enabled to true, or remove auth"
 
 
 class RouterSpec(ApiModel):
     """The pool's OpenAI-compatible endpoint: fans media out to producers, text to consumers."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_extra(cel("!has(self.auth) || self.enabled", _AUTH_NEEDS_ROUTER))
+    rules: ClassVar[tuple[Rule[RouterSpec], ...]] = (
+        Rule(
+            "",
+            cel="!has(self.auth) || self.enabled",
+            check=lambda r: r.auth is None or r.enabled,
+            message="auth needs the router: set enabled to true, or remove auth",
+        ),
     )
 
     enabled: bool = Field(
@@ -1077,7 +1036,7 @@ class RouterSpec(ApiModel):
     )
     replicas: int = Field(default=1, ge=1, le=32, description="Number of router pods.")
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
-        default="ClusterIP", description="Type of the router's Service."
+        default="ClusterIP", description="Type of the router's Service, <pool>."
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Port of the router's Service.")
     image: str | None = Field(
@@ -1087,7 +1046,9 @@ class RouterSpec(ApiModel):
         description="Router image; default: the operator's own router image.",
     )
     resources: ResourceRequirements = Field(
-        default_factory=ResourceRequirements, description="Resources of the router container."
+        default_factory=ResourceRequirements,
+        description="Resources of the router container; empty: requests 250m CPU and "
+        "256Mi, limits 2 CPU and 2Gi (anything given replaces all four).",
     )
     trust_client_media_ids: bool = Field(
         default=False,
@@ -1106,9 +1067,10 @@ class RouterSpec(ApiModel):
         default="LeastBusy",
         description="How the router picks a consumer. LeastBusy: fewest requests in flight. "
         "MediaAffinity: the same first image (or other media item) goes to the same "
-        "consumer, whose prefix and processor caches then hit, unless it is busy (16 "
-        "requests in flight); text-only requests go to the least busy. Worth it with "
-        "several consumers and repeated media (multi-turn chats, shared images).",
+        "consumer, whose prefix and processor caches then hit; past 16 requests in flight "
+        "there it goes to the next consumer in that item's ranking; text-only requests go "
+        "to the least busy. Worth it with several consumers and repeated media (multi-turn "
+        "chats, shared images).",
     )
     auth: RouterAuth | None = Field(
         default=None,
@@ -1116,11 +1078,8 @@ class RouterSpec(ApiModel):
         "endpoint (NetworkPolicy clients still apply).",
     )
 
-    @model_validator(mode="after")
-    def _auth_needs_router(self) -> RouterSpec:
-        if self.auth is not None and not self.enabled:
-            raise ValueError(_AUTH_NEEDS_ROUTER)
-        return self
+
+# ----------------------------------------------------------------------------- the pool
 
 
 class WidthJobSpec(ApiModel):
@@ -1140,26 +1099,60 @@ class WidthJobSpec(ApiModel):
         default=1800,
         ge=60,
         le=86400,
-        description="How long a measurement may run before the Job fails.",
+        description="How long a measurement may run before the Job fails, in seconds.",
     )
     backoff_limit: int = Field(
         default=2, ge=0, le=10, description="Retries before the Job counts as failed."
     )
 
 
+def _groups_have_items(spec: EncoderPoolSpec) -> bool:
+    limits = spec.model.limit_mm_per_prompt
+    return all(limits.get(m, 1) != 0 for g in spec.producer_groups for m in g.modalities)
+
+
+def _modality_in_one_group(spec: EncoderPoolSpec) -> bool:
+    # With each group's modalities unique (ProducerGroup's rule), this is CEL's "every
+    # group shares a modality with exactly one group: itself".
+    modalities = [m for g in spec.producer_groups for m in g.modalities]
+    return len(set(modalities)) == len(modalities)
+
+
+def _group_names_unique(spec: EncoderPoolSpec) -> bool:
+    names = [g.name for g in spec.producer_groups]
+    return len(set(names)) == len(names)
+
+
 class EncoderPoolSpec(ApiModel):
     """Desired state: one model served by encoder producers and LM consumers."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_extra(
-            cel(
-                "!has(self.producerGroups) || !has(self.model.limitMmPerPrompt) || "
-                "self.producerGroups.all(g, g.modalities.all(m, "
-                "!(m in self.model.limitMmPerPrompt) || self.model.limitMmPerPrompt[m] > 0))",
-                _GROUP_OF_NO_ITEMS,
-                ".producerGroups",
-            )
-        )
+    rules: ClassVar[tuple[Rule[EncoderPoolSpec], ...]] = (
+        # The API server refuses duplicates itself (producerGroups is a list map by name).
+        Rule(
+            ".producerGroups",
+            cel=None,
+            check=_group_names_unique,
+            message="producer group names must be unique: rename one of the groups",
+        ),
+        Rule(
+            ".producerGroups",
+            cel="!has(self.producerGroups) || self.producerGroups.all(g, "
+            "self.producerGroups.exists_one(h, h.modalities.exists(m, m in g.modalities)))",
+            check=_modality_in_one_group,
+            message="each modality may belong to one producer group only: the router sends "
+            "every item of a modality to that modality's group; move the modality into one "
+            "group",
+        ),
+        Rule(
+            ".producerGroups",
+            cel="!has(self.producerGroups) || !has(self.model.limitMmPerPrompt) || "
+            "self.producerGroups.all(g, g.modalities.all(m, "
+            "!(m in self.model.limitMmPerPrompt) || self.model.limitMmPerPrompt[m] > 0))",
+            check=_groups_have_items,
+            message="a producer group serves a modality that model.limitMmPerPrompt sets to "
+            "0: no item of it can reach the group; remove the modality from the group or "
+            "raise the limit",
+        ),
     )
 
     model: ModelSpec = Field(description="The model and how vLLM serves it.")
@@ -1168,7 +1161,8 @@ class EncoderPoolSpec(ApiModel):
         max_length=512,
         pattern=r"^\S+$",
         description="vLLM image with the encoderpool connector installed, for producers, "
-        "consumers and the width Job, e.g. registry.example.com/vllm-encoderpool:0.32.0.",
+        "consumers and the width Job, e.g. registry.example.com/vllm-encoderpool:0.32.0. "
+        "Pin a version: measured widths are keyed by it.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Pull policy of all images; default: Kubernetes' own."
@@ -1187,16 +1181,7 @@ class EncoderPoolSpec(ApiModel):
         "with the group's replicas, resources, nodeSelector and tolerations, the router "
         "sends each item to its modality's group, and items of a modality in no group are "
         "encoded by the consumers.",
-        json_schema_extra={
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["name"],
-            **cel_extra(
-                cel(
-                    "self.all(g, self.exists_one(h, h.modalities.exists(m, m in g.modalities)))",
-                    _MODALITY_IN_ONE_GROUP,
-                )
-            ),
-        },
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     connector: ConnectorSpec = Field(description="How embeddings reach the consumers.")
     router: RouterSpec = Field(
@@ -1209,23 +1194,6 @@ class EncoderPoolSpec(ApiModel):
     width_job: WidthJobSpec = Field(
         default_factory=WidthJobSpec, description="The encoder-width measurement Job."
     )
-
-    @field_validator("producer_groups")
-    @classmethod
-    def _groups(
-        cls, value: tuple[ProducerGroup, ...], info: ValidationInfo
-    ) -> tuple[ProducerGroup, ...]:
-        names = [g.name for g in value]
-        if len(set(names)) != len(names):
-            raise ValueError(_GROUP_NAMES_UNIQUE)
-        modalities = [m for g in value for m in g.modalities]
-        if len(set(modalities)) != len(modalities):
-            raise ValueError(_MODALITY_IN_ONE_GROUP)
-        model = info.data.get("model")  # absent when the model itself is invalid
-        limits = model.limit_mm_per_prompt if isinstance(model, ModelSpec) else {}
-        if any(limits.get(m, 1) == 0 for m in modalities):
-            raise ValueError(_GROUP_OF_NO_ITEMS)
-        return value
 
     def group_of(self, modality: str) -> ProducerGroup | None:
         """The producer group that encodes ``modality``; None without one."""
