@@ -13,6 +13,7 @@ import yaml
 
 from encoderpool_codegen import crd as codegen_crd
 from encoderpool_operator import api
+from tests.operator.api_cases import rules
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "crds" / codegen_crd.FILENAME
@@ -159,6 +160,14 @@ def test_cel_rules_have_messages_and_name_real_fields() -> None:
         assert names <= node.get("properties", {}).keys(), (path, rule)
         if "fieldPath" in rule:
             assert rule["fieldPath"].lstrip(".") in node["properties"], (path, rule)
+
+
+def test_every_rule_of_the_models_is_in_the_crd() -> None:
+    """Each Rule's CEL, message and fieldPath reach x-kubernetes-validations unchanged."""
+    entries = [r for _, n in NODES for r in n.get("x-kubernetes-validations", [])]
+    for path, rule in rules():
+        if rule.cel is not None:
+            assert rule.entry() in entries, (path, rule.message)
 
 
 def test_conditions_are_a_map_keyed_by_type() -> None:

@@ -6,7 +6,10 @@ that would reach beyond the pool (another ServiceAccount's token, the node's
 namespaces or files, privileged or root containers) or replace what the operator
 renders (the vLLM container's image, command and arguments) are refused, twice
 with one message: by CEL rules in the CRD (the API server names the field) and
-by ``forbidden_fields`` (what the operator trusts). Everything else merges over
+by ``forbidden_fields`` (what the operator trusts). The template is a free-form
+mapping, not a model, so these rules are not ``schema.Rule`` entries: the CEL sits
+in the schema declared here and ``forbidden_fields`` walks the same paths, both
+with the messages defined below. Everything else merges over
 the rendered pod: maps key by key, named lists (containers, volumes, env, ...)
 by name.
 
@@ -17,9 +20,9 @@ strict field validation), and ``forbidden_fields`` refuses it naming the field.
 Refused fields that pruning would drop silently (seccomp, AppArmor and SELinux
 overrides, procMount, nodeName, projected service-account tokens, ...) are declared
 so CEL names them. Containers stay open (every container field is allowed but the
-vllm container's image, command and args), their securityContext closed. And
-``render.vllm_deployment`` applies the restricted security fields again after the
-merge, so the operator's values win whatever the template says.
+vllm container's image, command and args), their securityContext closed. And the
+renderer applies the restricted security fields again after the merge, so the
+operator's values win whatever the template says.
 """
 
 from __future__ import annotations

@@ -114,7 +114,8 @@ class EncoderPoolStatus(ApiModel):
         default=(),
         max_length=16,
         description="ChildrenOwned, WidthsMeasured, ProducersAvailable, ConsumersAvailable, "
-        "RouterAvailable and Ready (all of them True).",
+        "RouterAvailable (with a router) and Ready: True when all the others are, else the "
+        "reason of the first that is not.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
@@ -165,5 +166,5 @@ class EncoderPoolStatus(ApiModel):
         default=None,
         max_length=512,
         description="URL of the pool's endpoint in the cluster: "
-        "http://<router service>.<namespace>.svc:<port>; empty without a router.",
+        "http://<pool>.<namespace>.svc:<port> (the router's Service); absent without a router.",
     )
