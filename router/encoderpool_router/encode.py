@@ -81,7 +81,6 @@ class Encoder:
         self.settings = settings
         self.upstream = upstream
         self.metrics = metrics
-        self.groups = groups
         # modality -> its group's backlog (modalities sharing a set share one backlog)
         backlogs = {id(s): Backlog(s) for s in groups.sets}
         self.backlogs = {m: backlogs[id(s)] for m, s in groups.by_modality.items()}
