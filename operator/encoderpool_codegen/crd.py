@@ -10,7 +10,9 @@ fields), titles and ``default: null`` dropped, ``const`` turned into ``enum``,
 ``additionalProperties: false`` dropped (pruning already refuses unknown
 fields), ``patternProperties`` (constrained map keys) made plain maps, free-form
 maps marked ``x-kubernetes-preserve-unknown-fields``.
-Descriptions stay: they are what ``kubectl explain`` prints.
+Descriptions stay: they are what ``kubectl explain`` prints. Validation rules
+arrive with the schema (each model's ``rules`` table, ``api.schema.Rule``); only
+metadata.name's is placed here, the one metadata field a CRD may constrain.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             elif value is True and "properties" not in node:
                 out["x-kubernetes-preserve-unknown-fields"] = True
             # False beside properties: pruning already drops unknown fields.
-        elif key == "patternProperties":  # constrained map keys: pydantic checks them
+        elif key == "patternProperties":  # constrained map keys: only pydantic checks them
             (values,) = value.values()
             out["additionalProperties"] = structural(values, defs)
         elif key == "exclusiveMinimum":  # pydantic gt=: OpenAPI v3.0 spells it as a flag

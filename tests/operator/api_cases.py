@@ -88,6 +88,31 @@ def _models_in(annotation: Any) -> Iterator[type[ApiModel]]:
         yield from _models_in(arg)
 
 
+def refusal(patch: dict[str, Any]) -> tuple[str, str]:
+    """The one error the operator refuses ``patched(patch)`` with, as (path, message)."""
+    try:
+        EncoderPool.model_validate(patched(patch))
+    except ValidationError as e:
+        (error,) = e.errors()
+        assert error["type"] == RULE_ERROR, error
+        path, _, message = format_errors(e).partition(": ")
+        return path, message
+    raise AssertionError(f"accepted: {patch}")
+
+
+def rule_at(path: str, message: str | None = None) -> Rule[Any]:
+    """The rule whose error names ``path`` (list indices aside) with ``message``; without
+    one, the transition rule there."""
+    where = re.sub(r"\[[0-9]+\]", "", path)
+    (rule,) = [
+        r
+        for model_path, r in rules()
+        if f"{model_path}{r.field_path}" == where
+        and (r.message == message if message is not None else r.check is None)
+    ]
+    return rule
+
+
 # One invalid sample per rule: (id, patch of BASE, the path the error names). The
 # operator and the API server both refuse each with the rule's message at that path
 # (a rule without CEL: the API server with its own "Duplicate value").
@@ -587,28 +612,3 @@ PYDANTIC_ONLY: list[tuple[str, dict[str, Any], str, str]] = [
         "",
     ),
 ]
-
-
-def refusal(patch: dict[str, Any]) -> tuple[str, str]:
-    """The one error the operator refuses ``patched(patch)`` with, as (path, message)."""
-    try:
-        EncoderPool.model_validate(patched(patch))
-    except ValidationError as e:
-        (error,) = e.errors()
-        assert error["type"] == RULE_ERROR, error
-        path, _, message = format_errors(e).partition(": ")
-        return path, message
-    raise AssertionError(f"accepted: {patch}")
-
-
-def rule_at(path: str, message: str | None = None) -> Rule[Any]:
-    """The rule whose error names ``path`` (list indices aside) with ``message``; without
-    one, the transition rule there."""
-    where = re.sub(r"\[[0-9]+\]", "", path)
-    (rule,) = [
-        r
-        for model_path, r in rules()
-        if f"{model_path}{r.field_path}" == where
-        and (r.message == message if message is not None else r.check is None)
-    ]
-    return rule

@@ -5,7 +5,20 @@ a pattern, a new value against the stored one) is a ``Rule`` in its model's ``ru
 table, stated once: its CEL expression becomes an ``x-kubernetes-validations`` entry
 of the model's schema (the API server enforces it at admission) and its ``check``
 runs when the operator parses a pool, both refusing with the same message at the
-same field.
+same field::
+
+    class Autoscaling(ApiModel):
+        rules: ClassVar[tuple[Rule[Autoscaling], ...]] = (
+            Rule(
+                ".minReplicas",
+                cel="self.minReplicas <= self.maxReplicas",
+                check=lambda a: a.min_replicas <= a.max_replicas,
+                message="minReplicas must not exceed maxReplicas: raise maxReplicas",
+            ),
+        )
+
+tests/operator/api_cases.py then needs one invalid sample of it (RULE_CASES); the
+tests check it on both sides.
 """
 
 from __future__ import annotations
@@ -53,7 +66,8 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str
 
 
 def cel_extra(*rules: dict[str, str]) -> dict[str, Any]:
-    """`json_schema_extra` carrying CEL rules (for a Field whose schema is built by hand)."""
+    """`json_schema_extra` carrying CEL rules, for a schema built by hand (a model states
+    its rules in ``rules``)."""
     return {"x-kubernetes-validations": list(rules)}
 
 
@@ -71,8 +85,9 @@ class Rule(Generic[M]):
     accept exactly what ``cel`` accepts. ``message`` names the field and what
     to do. Either side may be None only where it cannot exist, and a comment
     beside the rule says why: a transition rule has no ``check`` (the operator
-    never sees the stored object), a rule the API server applies through the
-    schema (a list map's unique keys) has no ``cel``.
+    never sees the stored object); a rule the API server applies through the
+    schema (a list map's unique keys), or one whose CEL would exceed the API
+    server's cost budget, has no ``cel``.
     """
 
     field_path: str
