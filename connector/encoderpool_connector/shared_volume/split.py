@@ -45,22 +45,43 @@ T = TypeVar("T")
 MIN_SPLIT_BYTES = 6 << 20
 # Where parts may start, relative to the payload: whole pages of the destination.
 _PART_GRAIN = 64 << 10
+# A part is at least this big: two parts at MIN_SPLIT_BYTES, as measured; more threads
+# split only larger payloads further, so a helper's wake-up (~60-200 us) stays small
+# beside the copy of its part.
+MIN_PART_BYTES = MIN_SPLIT_BYTES // 2
 # More helpers than this are not worth a thread each (and were never measured).
 MAX_THREADS = 8
+# cgroup v2's CPU limit of this container ("<quota> <period>", or "max <period>").
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
 
 
-def default_threads() -> int:
-    """Threads per read when the config leaves it unset: two when this thread may run on
-    two CPUs or more (measured: two copies at once beat one on a 2-core VM), else one.
-
-    ``sched_getaffinity(0)`` is the calling thread's mask, and a thread started later
-    inherits it: a worker pinned to one core gets no helper that would only share it.
-    """
+def usable_cpus() -> int:
+    """The CPUs this thread may run on: its affinity mask, lowered to the container's CPU
+    quota where one is set (a pod limited to 4 CPUs on a 128-core node usually still has
+    all 128 in its mask)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         cpus = os.cpu_count() or 1
-    return 2 if cpus >= 2 else 1
+    try:
+        with open(CGROUP_CPU_MAX) as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):  # no cgroup v2 limit readable: the mask alone
+        pass
+    return max(1, cpus)
+
+
+def default_threads() -> int:
+    """Threads per read when the config leaves it unset: one per CPU this thread may use
+    (``usable_cpus``), at most ``MAX_THREADS``. Two copies at once beat one on a 2-core
+    VM; a big node's loads are bounded by how many cores copy at once.
+
+    ``sched_getaffinity(0)`` is the calling thread's mask, and a thread started later
+    inherits it: a worker pinned to one core gets no helper that would only share it.
+    """
+    return min(usable_cpus(), MAX_THREADS)
 
 
 def _nothing() -> None:
@@ -139,8 +160,9 @@ class _Helper:
 
 
 class SplitReader:
-    """Reads payloads of ``MIN_SPLIT_BYTES`` or more in ``threads`` parts at once (the
-    calling thread plus ``threads - 1`` helpers, made on the first such read)."""
+    """Reads payloads of ``MIN_SPLIT_BYTES`` or more in up to ``threads`` parts at once,
+    each at least ``MIN_PART_BYTES`` (the calling thread plus ``threads - 1`` helpers,
+    made on the first such read)."""
 
     def __init__(self, threads: int, min_split_bytes: int = MIN_SPLIT_BYTES) -> None:
         if not 1 <= threads <= MAX_THREADS:
@@ -189,7 +211,8 @@ class SplitReader:
             raise EntryError(f"buffer of {len(out)} bytes for a payload of {nbytes}")
         if not self._helpers:  # once per reader, on its first large read
             self._helpers = [_Helper(f"ep-load-{i}") for i in range(1, self.threads)]
-        part = -(-nbytes // self.threads // _PART_GRAIN) * _PART_GRAIN
+        parts = max(2, min(self.threads, nbytes // MIN_PART_BYTES))
+        part = -(-nbytes // parts // _PART_GRAIN) * _PART_GRAIN
         started = []
         try:
             for i, helper in enumerate(self._helpers, start=1):

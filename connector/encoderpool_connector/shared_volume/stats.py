@@ -31,7 +31,12 @@ SHARED_VOLUME_COUNTERS: dict[str, str] = {
     "load buffer was lent out (raise shared_volume.load_buffer_bytes).",
     "verify_seconds": "Seconds spent verifying entries (scheduler side, off the step path).",
     "saves_queued": "Encoder outputs handed to the background writer.",
-    "saves_dropped": "Saves dropped because the writer queue was full or the save failed.",
+    "saves_dropped": "Saves dropped because the writer queue was full, no staging memory "
+    "was free, or the save failed (the consumer encodes those items itself).",
+    "saves_dropped_staging": "Saves dropped because no free range of the producer's staging "
+    "memory fitted the output (the writer is behind, or the output is bigger than the whole "
+    "staging pool); nothing is allocated on the encoder step instead. Also counted in "
+    "saves_dropped.",
     "published": "Entries written and renamed into place.",
     "publish_skipped": "Saves skipped: an identical entry was already published.",
     "publish_bytes": "Bytes published.",

@@ -1,16 +1,20 @@
 """Worker side of the shared-volume connector: a background writer (producers), loads (consumers).
 
-The producer's ``save_caches`` only hands the output to the ``BackgroundWriter``'s
-bounded queue (on an accelerator it first starts the copy to the host,
-``_to_host``); the writer thread checksums, writes a temp file and publishes it.
-A full queue drops the save (counted) instead of stalling the encoder.
+The producer's ``save_caches`` copies the output into a lease of the writer's
+staging pool (``core.staging``: host memory allocated once, pinned on CUDA) and
+queues it for the ``BackgroundWriter``; on CUDA the copy runs on a copy stream
+after the encoder's work (``core.streams``) and the writer thread waits for it,
+never the step. The writer checksums, writes a temp file, publishes it, and only
+then gives the lease back. A full queue or a full pool drops the save (counted)
+instead of stalling the encoder or allocating on its step.
 
 The consumer loads only what the scheduler side verified and pinned, with
 one read straight into a reused, already-touched buffer (``core.loadbuffers``):
 on CPU the tensor vLLM keeps is a view of it (the buffer is reused only once
-vLLM dropped every reference), on an accelerator a pinned staging buffer the
-device copy is made from. Under tensor parallelism (``core.ranks``) only rank 0
-writes, every rank loads, and the scheduler drops a pin once all ranks have.
+vLLM dropped every reference), on CUDA a pinned staging buffer whose copy to
+the device runs on a side stream while the next item is read. Under tensor
+parallelism (``core.ranks``) only rank 0 writes, every rank loads, and the
+scheduler drops a pin once all ranks have.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ import torch
 
 from encoderpool_connector.core.loadbuffers import LoadBuffers, as_tensor
 from encoderpool_connector.core.ranks import Failing, Rank, recompute
+from encoderpool_connector.core.staging import StagingLease, StagingPool
 from encoderpool_connector.core.stats import LockedStats
+from encoderpool_connector.core.streams import CopyQueued, DeviceUploads, SaveCopies
 from encoderpool_connector.core.tensors import TORCH_DTYPES, OnDevice
 from encoderpool_connector.shared_volume.entry import EntryError, Header, entry_name
 from encoderpool_connector.shared_volume.metadata import (
@@ -49,13 +55,18 @@ logger = logging.getLogger("vllm.ext." + __name__)
 # A consumer worker's load buffers when the config does not set
 # shared_volume.load_buffer_bytes.
 DEFAULT_LOAD_BUFFER_BYTES = 256 << 20
+# A producer's staging memory for saves (pinned on CUDA), allocated on its first save:
+# the bytes of outputs copied but not yet written. 256 MiB holds a step of eight
+# 16.5 MB image embeddings with room to spare, or one output of up to 256 MiB.
+DEFAULT_SAVE_STAGING_BYTES = 256 << 20
 
 
 @dataclass
 class _Save:
     mm_hash: str
-    tensor: torch.Tensor
+    tensor: torch.Tensor  # the output's bytes in ``lease`` (a view of the staging pool)
     ready: Any  # a device event to wait on before reading ``tensor``, or None
+    lease: StagingLease  # given back once the entry is written (or failed)
 
 
 def writer_stats() -> LockedStats[SharedVolumeStats]:
@@ -72,12 +83,16 @@ class BackgroundWriter:
         fingerprint: str,
         maxsize: int,
         stats: LockedStats[SharedVolumeStats],
+        staging_bytes: int = DEFAULT_SAVE_STAGING_BYTES,
     ) -> None:
         self.store = store
         self.fingerprint = fingerprint
         self.stats = stats
+        self.staging = StagingPool(staging_bytes)
+        self._copies: SaveCopies | None = None  # made on the first CUDA save
         self._queue: queue.Queue[_Save | None] = queue.Queue(maxsize=maxsize)
         self._dropped_logged = 0.0
+        self._staging_logged = 0.0
         # Daemon plus an atexit flush: vLLM calls shutdown() on some exit paths only, and a
         # non-daemon thread would keep a worker that skipped it from ever exiting.
         self._thread = threading.Thread(target=self._run, name="ep-writer", daemon=True)
@@ -86,36 +101,91 @@ class BackgroundWriter:
         atexit.register(self.close)
 
     def submit(self, mm_hash: str, tensor: torch.Tensor) -> bool:
-        """Queue a save without blocking; False (and counted) when the queue is full."""
-        t, ready = self._to_host(tensor)
+        """Stage and queue a save without blocking or allocating; False (and counted) when
+        the queue is full or no staging memory is free."""
+        if self._queue.full():  # checked first: a save that cannot be queued is not copied
+            self._drop_queue_full()
+            return False
+        staged = self._to_host(tensor)
+        if staged is None:
+            self._drop_no_staging(tensor)
+            return False
+        host, ready, lease = staged
         try:
-            self._queue.put_nowait(_Save(mm_hash, t, ready))
-        except queue.Full:
-            self.stats.add("saves_dropped")
-            now = time.monotonic()
-            if now - self._dropped_logged > 10:
-                self._dropped_logged = now
-                logger.warning(
-                    "encoderpool: writer queue full (%d); dropping saves, consumers will "
-                    "encode those items (raise shared_volume.writer_queue or check the volume)",
-                    self._queue.maxsize,
-                )
+            self._queue.put_nowait(_Save(mm_hash, host, ready, lease))
+        except queue.Full:  # another thread filled it meanwhile
+            self.staging.give_back(lease, after=ready)
+            self._drop_queue_full()
             return False
         self.stats.add("saves_queued")
         return True
 
-    @staticmethod
-    def _to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """The save's bytes on the host, and the event to wait on before reading them (None
-        for a CPU tensor, which is queued as it is). A device copy starts now, on the step
-        path; the writer thread waits for it, not the encoder."""
+    def _drop_queue_full(self) -> None:
+        self.stats.add("saves_dropped")
+        now = time.monotonic()
+        if now - self._dropped_logged > 10:
+            self._dropped_logged = now
+            logger.warning(
+                "encoderpool: writer queue full (%d); dropping saves, consumers will "
+                "encode those items (raise shared_volume.writer_queue or check the volume)",
+                self._queue.maxsize,
+            )
+
+    def _drop_no_staging(self, tensor: torch.Tensor) -> None:
+        self.stats.add_many({"saves_dropped": 1, "saves_dropped_staging": 1})
+        now = time.monotonic()
+        if now - self._staging_logged > 10:
+            self._staging_logged = now
+            logger.warning(
+                "encoderpool: no free staging memory for a save of %d bytes (%d of %d free, "
+                "largest range %d); dropping saves, consumers will encode those items "
+                "(the writer is behind, or the output is bigger than the staging pool)",
+                tensor.numel() * tensor.element_size(),
+                self.staging.free_bytes,
+                self.staging.limit_bytes,
+                self.staging.largest_free,
+            )
+
+    def _to_host(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any, StagingLease] | None:
+        """The save's bytes in a staging lease, with the event to wait on before reading
+        them (None where the copy is done on return); None when the pool has no free
+        range that fits (the save is dropped: nothing is allocated, nothing waited for).
+
+        CPU: copied here, synchronously. CUDA: queued on the copy stream after the work
+        already queued on the current stream (the encoder's); the writer thread waits for
+        its event. Other accelerators: queued on the current stream, likewise waited for
+        by the writer."""
         t = tensor.detach()
-        if t.device.type == "cpu":
-            return t, None
-        t = t.to("cpu", non_blocking=True)
-        ready = torch.Event()
-        ready.record()
-        return t, ready
+        kind = t.device.type
+        lease = self.staging.take(t.numel() * t.element_size(), pinned=kind != "cpu")
+        if lease is None:
+            return None
+        host = lease.view(t.dtype, tuple(t.shape))
+        ready: Any = None
+        try:
+            if kind == "cpu":
+                host.copy_(t)
+            elif kind == "cuda":
+                if self._copies is None:
+                    self._copies = SaveCopies()
+                ready = self._copies.start(host, t)
+            else:
+                host.copy_(t, non_blocking=True)
+                ready = torch.Event()
+                ready.record()
+        except CopyQueued:
+            # A copy may still write into the lease: it stays lent (those bytes of the pool
+            # are lost) rather than be reused under it.
+            logger.error(
+                "encoderpool: a staging copy failed after it was queued; %d bytes of staging "
+                "memory stay out of use",
+                lease.size,
+            )
+            raise
+        except BaseException:
+            self.staging.give_back(lease)
+            raise
+        return host, ready, lease
 
     def flush(self) -> None:
         """Block until everything queued so far is written (tests, benchmarks, shutdown)."""
@@ -142,10 +212,31 @@ class BackgroundWriter:
             self.stats.summary(logger, "encoderpool writer")
 
     def _write(self, item: _Save) -> None:
+        """Publish one staged save, then give its lease back: the staging bytes are reused
+        only after the copy into them finished and the entry was written from them."""
+        if item.ready is not None:
+            try:
+                item.ready.synchronize()  # this thread waits for the copy, never the step
+            except Exception as e:
+                # The copy's state is unknown: its bytes stay lent rather than be reused
+                # under a copy that may still write them.
+                self.stats.add("saves_dropped")
+                logger.error(
+                    "encoderpool: waiting for the staging copy of %r failed (%r); %d bytes of "
+                    "staging memory stay out of use",
+                    item.mm_hash[:80],
+                    e,
+                    item.lease.size,
+                )
+                return
+        try:
+            self._publish(item)
+        finally:
+            self.staging.give_back(item.lease)
+
+    def _publish(self, item: _Save) -> None:
         t0 = time.perf_counter()
         try:
-            if item.ready is not None:
-                item.ready.synchronize()
             t = item.tensor.contiguous()
             payload = memoryview(t.view(torch.uint8).numpy()).cast("B")
             header = Header(
@@ -207,6 +298,7 @@ class SharedVolumeWorker(OnDevice):
         self._buffers: LoadBuffers | None = None  # made on the first load (needs the device)
         self._load_threads = sv.load_threads
         self._reader: SplitReader | None = None  # made on the first load, on the step's thread
+        self._uploads: DeviceUploads | None = None  # made on the first load to a CUDA device
         self._loaded_bytes = 0  # the payload size of the last load, for the step's counters
         self._fallback_logged = False
         self.writer: BackgroundWriter | None = None
@@ -217,7 +309,11 @@ class SharedVolumeWorker(OnDevice):
         if is_producer and self.rank.lead:  # the other ranks hold the same outputs
             store.prepare_producer()
             self.writer = BackgroundWriter(
-                store, config.model_fingerprint, sv.writer_queue, self.stats
+                store,
+                config.model_fingerprint,
+                sv.writer_queue,
+                self.stats,
+                staging_bytes=DEFAULT_SAVE_STAGING_BYTES,
             )
 
     # ---- producer ----
@@ -285,7 +381,7 @@ class SharedVolumeWorker(OnDevice):
         """The entry as a tensor on this worker's device; None (logged) on failure.
 
         The hot path is a handful of calls around the payload read (one ``preadv``, or
-        parts on two threads for a large payload): the scheduler already verified the
+        parts on several threads for a large payload): the scheduler already verified the
         entry (checksum, mac, header) and hands over its dtype, shape, inode and payload
         offset, so nothing here parses or hashes.
         """
@@ -300,9 +396,9 @@ class SharedVolumeWorker(OnDevice):
             # worker other bytes.
             fd = self.store.open_verified(spec.subdir, spec.name, spec.inode, spec.offset + nbytes)
             try:
-                # Large payloads in parts on two threads (or as configured); every part is
-                # done before this returns or raises, so the fd and buffer outlive them.
-                # The tensor is made while the helper may still be reading.
+                # Large payloads in parts on the worker's cores (or as configured); every
+                # part is done before this returns or raises, so the fd and buffer outlive
+                # them. The tensor is made while the helpers may still be reading.
                 tensor = (self._reader or self._split_reader()).read_and(
                     fd,
                     target,
@@ -312,7 +408,11 @@ class SharedVolumeWorker(OnDevice):
                 )
             finally:
                 os.close(fd)
-            if device.type != "cpu":
+            if device.type == "cuda":
+                # On the upload stream, while this thread reads the next item; the buffer
+                # stays lent until the copy ran.
+                tensor = (self._uploads or self._make_uploads(device)).start(tensor)
+            elif device.type != "cpu":
                 # A synchronous copy: once it returns the staging buffer is free again.
                 tensor = tensor.to(device)
             return tensor
@@ -328,6 +428,10 @@ class SharedVolumeWorker(OnDevice):
                 e,
             )
             return None
+
+    def _make_uploads(self, device: torch.device) -> DeviceUploads:
+        self._uploads = DeviceUploads(device)
+        return self._uploads
 
     def _split_reader(self) -> SplitReader:
         """Made on the first load, on the thread that loads: the default thread count

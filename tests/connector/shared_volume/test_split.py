@@ -1,4 +1,4 @@
-"""Large payloads read in parts on two threads (``split.py``): the same bytes as one read,
+"""Large payloads read in parts on several threads (``split.py``): the same bytes as one read,
 every failure of any part a miss, the buffer and fd held until every part is done, and
 one persistent helper per reader, never a thread per load."""
 
@@ -325,12 +325,53 @@ def test_one_thread_starts_no_helper(tmp_path: Path) -> None:
     assert threading.active_count() == before
 
 
-@pytest.mark.parametrize(("cpus", "threads"), [(1, 1), (2, 2), (16, 2)])
+@pytest.mark.parametrize(("cpus", "threads"), [(1, 1), (2, 2), (5, 5), (16, split.MAX_THREADS)])
 def test_the_default_follows_the_thread_s_cpu_affinity(
-    monkeypatch: pytest.MonkeyPatch, cpus: int, threads: int
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpus: int, threads: int
 ) -> None:
+    monkeypatch.setattr(split, "CGROUP_CPU_MAX", str(tmp_path / "absent"))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     assert default_threads() == threads
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "threads"), [("max 100000", 8), ("250000 100000", 3), ("50000 100000", 1)]
+)
+def test_the_default_is_lowered_to_the_container_s_cpu_quota(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpu_max: str, threads: int
+) -> None:
+    """A pod limited to a few CPUs on a big node still has every core in its mask."""
+    (tmp_path / "cpu.max").write_text(cpu_max + "\n")
+    monkeypatch.setattr(split, "CGROUP_CPU_MAX", str(tmp_path / "cpu.max"))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert default_threads() == threads
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "parts"),
+    [(MIN_SPLIT_BYTES, 2), (3 * split.MIN_PART_BYTES + 5, 3), (40 * MiB, 8)],
+)
+def test_more_threads_split_only_larger_payloads_further(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nbytes: int, parts: int
+) -> None:
+    """Each part is at least MIN_PART_BYTES: eight threads read a 6 MiB payload in two."""
+    path = tmp_path / "entry"
+    want = write_file(path, nbytes, seed=3)
+    started: list[int] = []
+    real = split._Helper.start
+
+    def counting(helper: Any, job: Any) -> None:
+        started.append(job.nbytes)
+        real(helper, job)
+
+    monkeypatch.setattr(split._Helper, "start", counting)
+    reader = SplitReader(split.MAX_THREADS)
+    try:
+        assert read_with(reader, path, nbytes).tobytes() == want
+        assert len(started) == parts - 1
+        assert min(started) >= split.MIN_PART_BYTES - parts * split._PART_GRAIN  # grain rounding
+    finally:
+        reader.close()
 
 
 def test_a_reader_refuses_a_bad_thread_count() -> None:
