@@ -31,6 +31,12 @@ BACKEND_API_KEY_ENV = env_name("backend_api_key")
 POOL_UID_ENV = env_name("pool_uid")
 
 
+# The router's longest wait for one producer (past it the consumer encodes the item): the
+# router's default, and what a producer being removed waits out before it stops, so that
+# every item the router sent it is answered (the operator's drain).
+PRODUCER_TIMEOUT_S = 30.0
+
+
 def flag(name: str) -> str:
     """The flag of a settings field: ``producer_timeout_s`` -> ``--producer-timeout-s``."""
     return "--" + name.replace("_", "-")

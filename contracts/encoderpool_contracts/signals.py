@@ -9,7 +9,8 @@ chosen.
 # Producers: the time integral of media items in flight to a producer group (sent, not
 # yet answered). Its rate over a window is the mean number of items in flight then, i.e.
 # the encoder seconds per second the group was asked for (Little's law), whatever the
-# scrape interval catches. Label: group ("" for spec.producer).
+# scrape interval catches. Label: group, the producer Service that feeds the group
+# (<pool>-producer, <pool>-producer-<group>).
 ENCODER_INFLIGHT_SECONDS = "encoderpool_router_encoder_inflight_seconds_total"
 # Items the router wanted a producer for but found none ready (the group at zero, or all
 # ejected): the consumer encoded them. Its rate wakes a group scaled to zero. Label: group.

@@ -313,6 +313,24 @@ class ServiceMonitor(_Values):
         return self
 
 
+class AutoscalingPrometheus(_Values):
+    address: str = Field(
+        default="",
+        max_length=1024,
+        pattern=r"^(https?://\S+)?$",
+        description="ENCODERPOOL_PROMETHEUS_ADDRESS: the Prometheus KEDA queries; empty: none.",
+    )
+
+
+class Autoscaling(_Values):
+    engine: Literal["keda", "hpa"] = Field(
+        default=_SETTINGS["autoscaling_engine"].default,
+        description="ENCODERPOOL_AUTOSCALING_ENGINE: keda (ScaledObjects) or hpa "
+        "(HorizontalPodAutoscalers on External metrics).",
+    )
+    prometheus: AutoscalingPrometheus = Field(default_factory=AutoscalingPrometheus)
+
+
 class PodDisruptionBudget(_Values):
     enabled: bool = Field(
         default=True,
@@ -357,6 +375,7 @@ class ChartValues(_Values):
     rbac: Rbac = Field(default_factory=Rbac)
     peering: Peering = Field(default_factory=Peering)
     operator: Operator = Field(default_factory=Operator)
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     metrics: Metrics = Field(default_factory=Metrics)
     service_monitor: ServiceMonitor = Field(default_factory=ServiceMonitor, alias="serviceMonitor")
     pod_disruption_budget: PodDisruptionBudget = Field(

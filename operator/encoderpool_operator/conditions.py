@@ -23,9 +23,14 @@ from encoderpool_operator.api import (
 )
 
 READY_REASON = "AllAvailable"
+# Ready=False although every role serves: the spec's autoscaling cannot work with this
+# operator's settings (no Prometheus for KEDA, or scale to zero on the HPA engine).
+AUTOSCALING_UNAVAILABLE = "AutoscalingUnavailable"
 # Reasons that mean something is wrong and needs a person (Warning events); every other
 # reason is progress (Normal events).
-PROBLEM_REASONS = frozenset({"InvalidSpec", "NameConflict", "WidthJobFailed", "WidthReportInvalid"})
+PROBLEM_REASONS = frozenset(
+    {"InvalidSpec", "NameConflict", "WidthJobFailed", "WidthReportInvalid", AUTOSCALING_UNAVAILABLE}
+)
 PENDING_REASON = "Pending"
 
 

@@ -35,6 +35,8 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("encoderpool.io/v1alpha1", "EncoderPool"): "encoderpools",
 }
 
@@ -157,10 +159,17 @@ class Kube:
     def list(
         self, api_version: str, kind: str, namespace: str, label_selector: str = ""
     ) -> list[dict[str, Any]]:
+        """The objects of a kind in a namespace; none where the kind is not served (KEDA's
+        ScaledObject in a cluster without KEDA: a pool can still ask for it)."""
         query = {"labelSelector": label_selector} if label_selector else None
-        items: list[dict[str, Any]] = self.request(
-            "GET", path(api_version, kind, namespace), query=query, kind=f"{kind} (list)"
-        )["items"]
+        try:
+            items: list[dict[str, Any]] = self.request(
+                "GET", path(api_version, kind, namespace), query=query, kind=f"{kind} (list)"
+            )["items"]
+        except KubeError as e:
+            if e.status == 404:
+                return []
+            raise
         return items
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:

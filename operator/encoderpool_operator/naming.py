@@ -53,6 +53,8 @@ CHILD_KINDS: tuple[tuple[str, str], ...] = (
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"),
 )
 
 

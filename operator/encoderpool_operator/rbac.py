@@ -38,6 +38,8 @@ class Permission:
     delegated: bool = False
     # Used only on an upgrade from an older operator (the RBAC test does not upgrade).
     upgrade_only: bool = False
+    # Granted only with this autoscaling engine (the chart's autoscaling.engine).
+    engine: Literal["keda", "hpa"] | None = None
 
     def rule(self) -> dict[str, Any]:
         return {
@@ -46,6 +48,7 @@ class Permission:
             "verbs": list(self.verbs),
             "why": self.why,
             "peeringObjectOnly": self.peering_object_only,
+            "engine": self.engine or "",
         }
 
 
@@ -167,6 +170,35 @@ PERMISSIONS: tuple[Permission, ...] = (
         "each pool's ingress NetworkPolicies: cached; deleted when spec.networkPolicy is "
         "turned off",
     ),
+    Permission(
+        "keda.sh",
+        "scaledobjects",
+        ("list", "watch"),
+        "autoscaling roles' KEDA ScaledObjects: cached, whichever engine (a pool's old "
+        "autoscalers are pruned after the engine changes)",
+    ),
+    Permission(
+        "keda.sh",
+        "scaledobjects",
+        ("create", "patch", "delete"),
+        "each autoscaling role's ScaledObject (engine keda): applied; deleted when the role "
+        "stops autoscaling",
+        engine="keda",
+    ),
+    Permission(
+        "autoscaling",
+        "horizontalpodautoscalers",
+        ("list", "watch"),
+        "autoscaling roles' HorizontalPodAutoscalers: cached, whichever engine",
+    ),
+    Permission(
+        "autoscaling",
+        "horizontalpodautoscalers",
+        ("create", "patch", "delete"),
+        "each autoscaling role's HorizontalPodAutoscaler (engine hpa): applied; deleted when "
+        "the role stops autoscaling",
+        engine="hpa",
+    ),
     # ---- held only to grant them (Kubernetes refuses a Role granting what its writer lacks)
     Permission(
         "discovery.k8s.io",
@@ -202,6 +234,11 @@ def rules(mode: Mode) -> list[dict[str, Any]]:
     return [p.rule() for p in PERMISSIONS if mode in p.modes]
 
 
-def granted(mode: Mode) -> set[tuple[str, str, str]]:
-    """(apiGroup, resource, verb) triples the chart grants in ``mode``."""
-    return {(p.group, p.resource, v) for p in PERMISSIONS if mode in p.modes for v in p.verbs}
+def granted(mode: Mode, engine: str = "keda") -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) triples the chart grants in ``mode`` with ``engine``."""
+    return {
+        (p.group, p.resource, v)
+        for p in PERMISSIONS
+        if mode in p.modes and p.engine in (None, engine)
+        for v in p.verbs
+    }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -79,6 +81,20 @@ class OperatorSettings(BaseSettings):
         max_length=63,
         description="Namespace of the KopfPeering of a namespaced operator (the chart sets "
         "the release namespace); unset: the pod's own namespace.",
+    )
+    autoscaling_engine: Literal["keda", "hpa"] = Field(
+        default="keda",
+        description="What drives a pool's autoscaling roles: keda (a KEDA ScaledObject per "
+        "role, Prometheus triggers, scale to zero) or hpa (a HorizontalPodAutoscaler on "
+        "External metrics from the cluster's own adapter).",
+    )
+    prometheus_address: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        pattern=r"^https?://[^\s]+$",
+        description="The Prometheus KEDA queries for pools' autoscaling signals (the "
+        "cluster's, never a pool's: a pool cannot point KEDA elsewhere).",
     )
     kubeconfig: str | None = Field(
         default=None, description="Kubeconfig for running outside a cluster; in-cluster if unset."

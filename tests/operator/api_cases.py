@@ -118,6 +118,38 @@ def rule_at(path: str, message: str | None = None) -> Rule[Any]:
 # (a rule without CEL: the API server with its own "Duplicate value").
 RULE_CASES: list[tuple[str, dict[str, Any], str]] = [
     (
+        "autoscaling-min-over-max",
+        {"spec": {"producer": {"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}}},
+        "spec.producer.autoscaling.minReplicas",
+    ),
+    (
+        "consumers-to-zero",
+        {"spec": {"consumer": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}}},
+        "spec.consumer",
+    ),
+    (
+        "producer-kv-cache-target",
+        {
+            "spec": {
+                "producer": {
+                    "autoscaling": {"maxReplicas": 2, "targetKvCacheUsage": 0.8},
+                }
+            }
+        },
+        "spec.producer",
+    ),
+    (
+        "group-kv-cache-target",
+        _groups(
+            {
+                "name": "v",
+                "modalities": ["video"],
+                "autoscaling": {"maxReplicas": 2, "targetKvCacheUsage": 0.8},
+            }
+        ),
+        "spec.producerGroups",
+    ),
+    (
         "pod-annotations-apparmor",
         {
             "spec": {

@@ -238,14 +238,17 @@ def keyed(cm: Any, pool: EncoderPool) -> Any:
     return out
 
 
-def live_children(pool: EncoderPool, report: WidthReport) -> dict[Any, Any]:
-    """Every child as the API server would return it: ours plus server fields, rolled out."""
+def live_children(
+    pool: EncoderPool, report: WidthReport, defaults: Defaults = DEFAULTS, scaled_to: int = 1
+) -> dict[Any, Any]:
+    """Every child as the API server would return it: ours plus server fields, rolled out.
+    A Deployment applied without replicas (an autoscaler owns them) has ``scaled_to``."""
     live = {}
-    for obj in workload_objects(pool, report, DEFAULTS):
+    for obj in workload_objects(pool, report, defaults):
         got = copy.deepcopy(obj)
         got["metadata"].update(resourceVersion="7", uid="child-uid", generation=2)
         if obj["kind"] == "Deployment":
-            n = obj["spec"]["replicas"]
+            n = got["spec"].setdefault("replicas", scaled_to)
             got["status"] = {
                 "observedGeneration": 2,
                 "updatedReplicas": n,

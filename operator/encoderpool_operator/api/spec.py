@@ -25,6 +25,7 @@ from encoderpool_contracts import (
     SharedVolumeSettings,
 )
 from encoderpool_contracts.pod import ROUTER_METRICS_PORT
+from encoderpool_operator.api.autoscaling import Autoscaling
 from encoderpool_operator.api.pod_template import (
     POD_TEMPLATE_SCHEMA,
     SECURITY_ANNOTATION_PREFIXES,
@@ -548,6 +549,12 @@ class RoleSpec(ApiModel):
         default_factory=RolloutSpec,
         description="How the role's Deployment replaces pods when the spec or model changes.",
     )
+    autoscaling: Autoscaling | None = Field(
+        default=None,
+        description="Size the role from its own load between minReplicas and maxReplicas "
+        "(docs/autoscaling.md); replicas is then ignored, and the autoscaler owns the "
+        "Deployment's replica count. Removing it hands the count back to replicas.",
+    )
     priority_class_name: str | None = Field(
         default=None,
         min_length=1,
@@ -635,6 +642,11 @@ class ProducerGroup(ApiModel):
         max_length=32,
         description="Taints the pods tolerate; default: spec.producer.tolerations.",
     )
+    autoscaling: Autoscaling | None = Field(
+        default=None,
+        description="The group's own autoscaling (signal: its own items in flight); "
+        "default: spec.producer.autoscaling.",
+    )
 
     def role(self, producer: RoleSpec) -> RoleSpec:
         """``producer`` with what this group sets instead (the group's pod settings)."""
@@ -647,6 +659,8 @@ class ProducerGroup(ApiModel):
             update["node_selector"] = dict(self.node_selector)
         if self.tolerations is not None:
             update["tolerations"] = self.tolerations
+        if self.autoscaling is not None:
+            update["autoscaling"] = self.autoscaling
         return producer.model_copy(update=update)
 
 
@@ -1152,6 +1166,37 @@ class EncoderPoolSpec(ApiModel):
             message="a producer group serves a modality that model.limitMmPerPrompt sets to "
             "0: no item of it can reach the group; remove the modality from the group or "
             "raise the limit",
+        ),
+        Rule(
+            ".consumer",
+            cel="!has(self.consumer.autoscaling) || self.consumer.autoscaling.minReplicas >= 1",
+            check=lambda s: (
+                s.consumer.autoscaling is None or s.consumer.autoscaling.min_replicas >= 1
+            ),
+            message="consumers cannot scale to zero (they serve every request): set "
+            "minReplicas to 1 or more",
+        ),
+        Rule(
+            ".producer",
+            cel="!has(self.producer.autoscaling) || "
+            "!has(self.producer.autoscaling.targetKvCacheUsage)",
+            check=lambda s: (
+                s.producer.autoscaling is None
+                or s.producer.autoscaling.target_kv_cache_usage is None
+            ),
+            message="targetKvCacheUsage is a consumer signal (producers keep no KV cache): "
+            "remove it from spec.producer.autoscaling",
+        ),
+        Rule(
+            ".producerGroups",
+            cel="!has(self.producerGroups) || self.producerGroups.all(g, "
+            "!has(g.autoscaling) || !has(g.autoscaling.targetKvCacheUsage))",
+            check=lambda s: all(
+                g.autoscaling is None or g.autoscaling.target_kv_cache_usage is None
+                for g in s.producer_groups
+            ),
+            message="targetKvCacheUsage is a consumer signal (producers keep no KV cache): "
+            "remove it from the producer group's autoscaling",
         ),
     )
 

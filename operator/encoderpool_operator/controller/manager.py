@@ -63,7 +63,10 @@ class Controller:
         self.kube = kube
         self.cache = cache
         self.defaults = Defaults(
-            router_image=settings.router_image, width_retry_seconds=settings.width_retry_seconds
+            router_image=settings.router_image,
+            width_retry_seconds=settings.width_retry_seconds,
+            autoscaling_engine=settings.autoscaling_engine,
+            prometheus_address=settings.prometheus_address,
         )
         self.queue: WorkQueue[PoolKey] = WorkQueue(
             base_delay=1.0, max_delay=settings.max_retry_seconds

@@ -61,7 +61,7 @@ def reconcile(
     Reads go to ``reader`` (the operator's cache) or else to ``kube``; writes go to
     ``kube``, each phase's at once on ``executor``, their results to ``record``.
     """
-    snap = replace(observe(reader or kube, obj), status_written_at=status_written_at)
+    snap = replace(observe(reader or kube, obj, defaults), status_written_at=status_written_at)
     decided = plan(snap, defaults, now)
     for warning in decided.warnings:
         log.warning("%s", warning)

@@ -28,7 +28,7 @@ from encoderpool_operator.naming import (
     width_job_name,
 )
 from encoderpool_operator.reconcile.widths import job_state, parse_report
-from encoderpool_operator.render import child_refs
+from encoderpool_operator.render import Defaults, child_refs
 from encoderpool_operator.render.widths import report_key
 
 # The label the Job controller puts on each of a Job's pods: the Job's uid, so the
@@ -87,7 +87,7 @@ class Snapshot:
         )
 
 
-def observe(kube: Reader, obj: Mapping[str, Any]) -> Snapshot:
+def observe(kube: Reader, obj: Mapping[str, Any], defaults: Defaults | None = None) -> Snapshot:
     """Read one pool's world. Raises ValueError (naming the field) for an invalid spec.
 
     Children come from one list per kind (by the pool's label, kept when the pool is
@@ -113,7 +113,7 @@ def observe(kube: Reader, obj: Mapping[str, Any]) -> Snapshot:
                 }
     live: dict[Ref, Mapping[str, Any] | None] = {
         ref: owned[ref] if ref in owned else kube.get(ref[0], ref[1], ns, ref[2])
-        for ref in child_refs(pool)
+        for ref in child_refs(pool, defaults)
     }
     jobs = kube.list("batch/v1", "Job", ns, f"{pool_selector},{LABEL_COMPONENT}={WIDTH_JOB}")
     snap = Snapshot(

@@ -36,8 +36,14 @@ from encoderpool_operator.api import (
     EncoderPoolStatus,
     ProducerGroupStatus,
     ReplicaStatus,
+    RoleSpec,
 )
-from encoderpool_operator.conditions import PROBLEM_REASONS, ready_condition, set_condition
+from encoderpool_operator.conditions import (
+    AUTOSCALING_UNAVAILABLE,
+    PROBLEM_REASONS,
+    ready_condition,
+    set_condition,
+)
 from encoderpool_operator.naming import (
     CONSUMER,
     PRODUCER,
@@ -59,6 +65,7 @@ from encoderpool_operator.reconcile.compare import is_subset
 from encoderpool_operator.reconcile.observe import Snapshot
 from encoderpool_operator.reconcile.widths import plan_widths
 from encoderpool_operator.render import Defaults, child_refs, workload_objects
+from encoderpool_operator.render.autoscaling import autoscaling_problem
 from encoderpool_operator.render.router import router_endpoint, router_services
 from encoderpool_operator.render.secret import INTERNAL_KEYS, internal_secret
 
@@ -84,6 +91,15 @@ def replica_status(deployment: Mapping[str, Any] | None, desired: int) -> Replic
     return ReplicaStatus(
         desired=desired, ready=st.get("readyReplicas", 0), available=st.get("availableReplicas", 0)
     )
+
+
+def desired_replicas(role: RoleSpec, deployment: Mapping[str, Any] | None) -> int:
+    """The pods a role should have: its spec's count, or while it autoscales, the count
+    its autoscaler last set on the Deployment (0 for a role asleep at zero)."""
+    if role.autoscaling is None:
+        return role.replicas
+    replicas = ((deployment or {}).get("spec") or {}).get("replicas")
+    return replicas if isinstance(replicas, int) else max(role.autoscaling.min_replicas, 1)
 
 
 def availability(
@@ -265,7 +281,7 @@ def plan(snap: Snapshot, defaults: Defaults, now: datetime) -> Plan:
             hidden_size=report.hidden_size,
         )
 
-    wanted = set(child_refs(pool))
+    wanted = set(child_refs(pool, defaults))
     if blocked:
         wanted.discard(router_ref)
     for ref in sorted(set(snap.owned) - wanted):
@@ -273,8 +289,8 @@ def plan(snap: Snapshot, defaults: Defaults, now: datetime) -> Plan:
         why = "its Services are not this pool's" if blocked_router else "no longer in the spec"
         actions.append(Delete(*ref, why))
 
-    roles: Sequence[tuple[str, str, str, int]] = [
-        (CONSUMERS_AVAILABLE, "consumers", CONSUMER, pool.spec.consumer.replicas),
+    roles: Sequence[tuple[str, str, str, int | RoleSpec]] = [
+        (CONSUMERS_AVAILABLE, "consumers", CONSUMER, pool.spec.consumer),
     ]
     if pool.spec.router.enabled:
         roles = [*roles, (ROUTER_AVAILABLE, "router", ROUTER, pool.spec.router.replicas)]
@@ -286,13 +302,11 @@ def plan(snap: Snapshot, defaults: Defaults, now: datetime) -> Plan:
             _unless_measured(producers.condition, "producers", report is None, producers.exists)
         )
     else:
-        roles = [
-            (PRODUCERS_AVAILABLE, "producers", PRODUCER, pool.spec.producer.replicas),
-            *roles,
-        ]
+        roles = [(PRODUCERS_AVAILABLE, "producers", PRODUCER, pool.spec.producer), *roles]
         status_fields["producer_groups"] = None
-    for type_, what, component, desired in roles:
+    for type_, what, component, role in roles:
         dep = snap.deployment(component)
+        desired = role if isinstance(role, int) else desired_replicas(role, dep)
         status_fields[what] = replica_status(dep, desired)
         cond = availability(type_, what, dep, desired, gen)
         if blocked and component == ROUTER:
@@ -312,6 +326,11 @@ def plan(snap: Snapshot, defaults: Defaults, now: datetime) -> Plan:
     ready = ready_condition(
         conditions, router_enabled=pool.spec.router.enabled, observed_generation=gen
     )
+    problem = autoscaling_problem(pool, defaults.autoscaling_engine, defaults.prometheus_address)
+    if problem is not None and ready.status == "True":  # it serves, but not as asked
+        ready = ready.model_copy(
+            update={"status": "False", "reason": AUTOSCALING_UNAVAILABLE, "message": problem}
+        )
     conditions = set_condition(conditions, ready, now)
     new_status = pool.status.model_copy(update={**status_fields, "conditions": conditions})
     new_status = EncoderPoolStatus.model_validate(new_status.model_dump(by_alias=True))
@@ -367,8 +386,8 @@ def producer_groups(
     exists = False
     for group in pool.spec.producer_groups:
         component = group_component(group)
-        desired = group.role(pool.spec.producer).replicas
         dep = snap.deployment(component)
+        desired = desired_replicas(group.role(pool.spec.producer), dep)
         exists = exists or dep is not None
         counts = replica_status(dep, desired)
         groups.append(ProducerGroupStatus(name=group.name, **counts.model_dump()))

@@ -16,10 +16,11 @@ One module per family of children:
     secret     the pool's internal Secret
     pod        building blocks every pod shares (security, podTemplate merge, ...)
 
-A new family (an autoscaler's objects per role, say) is a module of its own, added
-to ``workload_objects`` and ``child_refs`` below and its kinds to
-``naming.CHILD_KINDS`` (so that the reconcile prunes them); a role whose replica
-count it owns gets none from ``vllm.deployment_replicas``.
+    autoscaling  each autoscaling role's ScaledObject or HorizontalPodAutoscaler
+
+A new family is a module of its own, added to ``workload_objects`` and
+``child_refs`` below and its kinds to ``naming.CHILD_KINDS`` (so that the
+reconcile prunes them).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ from encoderpool_operator.naming import (
     producer_components,
     ref_of,
 )
+from encoderpool_operator.render.autoscaling import (
+    Engine,
+    autoscaler_objects,
+    autoscaler_refs,
+)
 from encoderpool_operator.render.network import network_policies
 from encoderpool_operator.render.router import router_objects, router_refs
 from encoderpool_operator.render.transport import cache_claim
@@ -53,6 +59,8 @@ class Defaults:
 
     router_image: str
     width_retry_seconds: float = 30.0  # first back-off after a failed width Job
+    autoscaling_engine: Engine = "keda"  # what drives autoscaling roles
+    prometheus_address: str | None = None  # what KEDA queries (the cluster's Prometheus)
 
 
 def with_digest(obj: dict[str, Any]) -> dict[str, Any]:
@@ -79,11 +87,12 @@ def workload_objects(
         *vllm_deployments(pool, config),
         *router_objects(pool, defaults.router_image),
         *network_policies(pool),
+        *autoscaler_objects(pool, defaults.autoscaling_engine, defaults.prometheus_address),
     ]
     return [with_digest(o) for o in objects]
 
 
-def child_refs(pool: EncoderPool) -> list[Ref]:
+def child_refs(pool: EncoderPool, defaults: Defaults | None = None) -> list[Ref]:
     """(apiVersion, kind, name) of what ``workload_objects`` returns, without a report.
 
     The reconcile reads these before it knows the report; a test keeps the two in step.
@@ -98,4 +107,7 @@ def child_refs(pool: EncoderPool) -> list[Ref]:
     refs.append(("apps/v1", "Deployment", name_of(pool, CONSUMER)))
     refs += router_refs(pool)
     refs += [ref_of(p) for p in network_policies(pool)]
+    d = defaults or Defaults(router_image="")
+    if d.autoscaling_engine != "keda" or d.prometheus_address is not None:
+        refs += autoscaler_refs(pool, d.autoscaling_engine)
     return refs

@@ -19,6 +19,7 @@ from encoderpool_contracts import (
     ConnectorConfig,
 )
 from encoderpool_contracts.pod import CONNECTOR_CLASSES, HTTP_PORT
+from encoderpool_contracts.router_args import PRODUCER_TIMEOUT_S
 from encoderpool_operator.api import EncoderPool, RoleSpec
 from encoderpool_operator.naming import (
     ANNOTATION_CONFIG_HASH,
@@ -123,7 +124,24 @@ def deployment_replicas(role_spec: RoleSpec) -> dict[str, Any]:
     The one place the count is written: a role whose count another controller owns
     (an autoscaler) must get no ``replicas`` here, or every apply would reset it.
     """
+    if role_spec.autoscaling is not None:  # the autoscaler owns it (render.autoscaling)
+        return {}
     return {"replicas": role_spec.replicas}
+
+
+# An autoscaling producer being removed leaves its Service's EndpointSlice at once (not
+# ready), and the router stops sending to it; it waits out the router's producer
+# timeout (plus the watch's delay) before vLLM gets SIGTERM, so every item in flight to
+# it is answered. Then vLLM has the usual time to stop.
+DRAIN_SECONDS = int(PRODUCER_TIMEOUT_S) + 5
+STOP_SECONDS = 30
+
+
+def drain(role: str, role_spec: RoleSpec) -> dict[str, Any]:
+    """The pod fields that drain an autoscaling producer (none for other roles)."""
+    if role != PRODUCER or role_spec.autoscaling is None:
+        return {}
+    return {"terminationGracePeriodSeconds": DRAIN_SECONDS + STOP_SECONDS}
 
 
 def vllm_deployment(
@@ -201,6 +219,8 @@ def vllm_deployment(
         "readinessProbe": http_probe(period=5, failures=3),
         "livenessProbe": http_probe(period=15, failures=4),
     }
+    if drain(role, role_spec):
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": DRAIN_SECONDS}}}
     if container_resources:
         container["resources"] = container_resources
     if spec.image_pull_policy:
@@ -213,6 +233,7 @@ def vllm_deployment(
         "enableServiceLinks": False,
     }
     pod_spec.update(scheduling(role_spec))
+    pod_spec.update(drain(role, role_spec))
     if role_spec.affinity:
         pod_spec["affinity"] = copy.deepcopy(role_spec.affinity)
     if role_spec.priority_class_name:

@@ -1,0 +1,300 @@
+"""Each autoscaling role's autoscaler: a KEDA ScaledObject, or a plain HorizontalPodAutoscaler.
+
+One per role that sets ``autoscaling`` (the producers or each producer group, the
+consumers), named like the role's Deployment. KEDA (the default engine) queries the
+cluster's Prometheus itself and takes a role to and from zero; the HPA engine reads
+External metrics through the cluster's own adapter. The queries and metric names come
+from ``encoderpool_contracts.signals`` (docs/autoscaling.md says why each signal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from encoderpool_contracts.signals import (
+    ENCODER_INFLIGHT_SECONDS,
+    ENCODER_UNSERVED_ITEMS,
+    LABEL_COMPONENT,
+    LABEL_GROUP,
+    LABEL_NAMESPACE,
+    LABEL_POOL,
+    VLLM_KV_CACHE_USAGE,
+    VLLM_REQUESTS_RUNNING,
+    VLLM_REQUESTS_WAITING,
+)
+from encoderpool_operator.api import EncoderPool
+from encoderpool_operator.api.autoscaling import (
+    DEFAULT_CONSUMER_TARGET,
+    DEFAULT_PRODUCER_TARGET,
+    Autoscaling,
+    ScalingRate,
+)
+from encoderpool_operator.naming import (
+    CONSUMER,
+    ROUTER,
+    Ref,
+    child_meta,
+    name_of,
+    producer_components,
+)
+
+Engine = Literal["keda", "hpa"]
+ENGINES: tuple[Engine, ...] = ("keda", "hpa")
+KEDA_API = "keda.sh/v1alpha1"
+HPA_API = "autoscaling/v2"
+# The window the rates are taken over: at least four samples at a 15 s scrape interval.
+RATE_WINDOW = "1m"
+# How often KEDA evaluates a trigger (its activation, 0 <-> 1, is KEDA's own loop; the
+# HPA controller does the rest on its sync period).
+KEDA_POLLING_SECONDS = 10
+# The External metric names the HPA engine asks the cluster's adapter for
+# (docs/autoscaling.md has prometheus-adapter rules that serve them).
+HPA_ENCODER_DEMAND = "encoderpool_encoder_demand"
+HPA_ENCODER_UNSERVED = "encoderpool_encoder_unserved"
+HPA_LM_DEMAND = "encoderpool_lm_demand"
+HPA_KV_CACHE_USAGE = "encoderpool_kv_cache_usage"
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """One signal of one role: its query, the KEDA trigger name and the HPA metric name."""
+
+    name: str
+    query: str
+    target: float
+    hpa_metric: str
+    hpa_selector: dict[str, str]
+    # Above this value KEDA wakes a role at zero (its activation threshold).
+    activation: float = 0.0
+
+
+@dataclass(frozen=True)
+class Scaler:
+    """One role's autoscaler, before it is rendered for an engine."""
+
+    component: str
+    deployment: str
+    settings: Autoscaling
+    triggers: tuple[Trigger, ...]
+
+
+def _selector(pool: EncoderPool, **extra: str) -> str:
+    labels = {LABEL_NAMESPACE: pool.namespace, LABEL_POOL: pool.name, **extra}
+    return ",".join(f'{k}="{v}"' for k, v in labels.items())
+
+
+def producer_triggers(pool: EncoderPool, component: str, settings: Autoscaling) -> list[Trigger]:
+    """Mean items in flight to the group, and the items that found it at zero (which wake it:
+    an item that found no producer counts as one producer's worth of demand)."""
+    group = name_of(pool, component)  # the router labels a group by its producer Service
+    sel = _selector(pool, **{LABEL_COMPONENT: ROUTER, LABEL_GROUP: group})
+    hpa_sel = {LABEL_POOL: pool.name, LABEL_GROUP: group}
+    return [
+        Trigger(
+            "encoder-demand",
+            f"sum(rate({ENCODER_INFLIGHT_SECONDS}{{{sel}}}[{RATE_WINDOW}])) or vector(0)",
+            settings.target or DEFAULT_PRODUCER_TARGET,
+            HPA_ENCODER_DEMAND,
+            hpa_sel,
+        ),
+        Trigger(
+            "encoder-unserved",
+            f"sum(rate({ENCODER_UNSERVED_ITEMS}{{{sel}}}[{RATE_WINDOW}])) or vector(0)",
+            # Any unserved item asks for a producer; a few a second ask for as many more.
+            1.0,
+            HPA_ENCODER_UNSERVED,
+            hpa_sel,
+        ),
+    ]
+
+
+def consumer_triggers(pool: EncoderPool, settings: Autoscaling) -> list[Trigger]:
+    """vLLM's running plus waiting requests over the consumers; optionally KV-cache use."""
+    sel = _selector(pool, **{LABEL_COMPONENT: CONSUMER})
+    hpa_sel = {LABEL_POOL: pool.name}
+    out = [
+        Trigger(
+            "lm-demand",
+            f"(sum({VLLM_REQUESTS_RUNNING}{{{sel}}}) + sum({VLLM_REQUESTS_WAITING}{{{sel}}}))"
+            " or vector(0)",
+            settings.target or DEFAULT_CONSUMER_TARGET,
+            HPA_LM_DEMAND,
+            hpa_sel,
+        )
+    ]
+    if settings.target_kv_cache_usage is not None:
+        # Summed over the consumers like the others: AverageValue divides by the pods,
+        # so the target is the mean use of one pod.
+        out.append(
+            Trigger(
+                "kv-cache-usage",
+                f"sum({VLLM_KV_CACHE_USAGE}{{{sel}}}) or vector(0)",
+                settings.target_kv_cache_usage,
+                HPA_KV_CACHE_USAGE,
+                hpa_sel,
+            )
+        )
+    return out
+
+
+def scalers(pool: EncoderPool) -> list[Scaler]:
+    """Every role of ``pool`` that autoscales, producers first."""
+    out: list[Scaler] = []
+    for component, role in producer_components(pool):
+        if role.autoscaling is not None:
+            triggers = producer_triggers(pool, component, role.autoscaling)
+            out.append(
+                Scaler(component, name_of(pool, component), role.autoscaling, tuple(triggers))
+            )
+    consumer = pool.spec.consumer.autoscaling
+    if consumer is not None:
+        triggers = consumer_triggers(pool, consumer)
+        out.append(Scaler(CONSUMER, name_of(pool, CONSUMER), consumer, tuple(triggers)))
+    return out
+
+
+def _rate(rate: ScalingRate, policy_type: str = "Pods") -> dict[str, Any]:
+    """One direction of the HPA's ``behavior``."""
+    out: dict[str, Any] = {"stabilizationWindowSeconds": rate.stabilization_window_seconds}
+    if rate.max_replicas_per_step is not None:
+        out["policies"] = [
+            {
+                "type": policy_type,
+                "value": rate.max_replicas_per_step,
+                "periodSeconds": rate.period_seconds,
+            }
+        ]
+        out["selectPolicy"] = "Max"
+    return out
+
+
+def behavior(settings: Autoscaling) -> dict[str, Any]:
+    return {"scaleUp": _rate(settings.scale_up), "scaleDown": _rate(settings.scale_down)}
+
+
+def _number(value: float) -> str:
+    """KEDA's trigger metadata takes strings; whole numbers without a trailing .0."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def scaled_object(pool: EncoderPool, scaler: Scaler, prometheus: str) -> dict[str, Any]:
+    """A KEDA ScaledObject: Prometheus triggers, the role's bounds and behaviour.
+
+    ``cooldownPeriod`` (KEDA's wait before 1 -> 0) follows the scale-down window, so a
+    role sleeps no sooner than it would shrink.
+    """
+    s = scaler.settings
+    return {
+        "apiVersion": KEDA_API,
+        "kind": "ScaledObject",
+        "metadata": child_meta(pool, scaler.deployment, scaler.component),
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": scaler.deployment,
+            },
+            "minReplicaCount": s.min_replicas,
+            "maxReplicaCount": s.max_replicas,
+            "pollingInterval": KEDA_POLLING_SECONDS,
+            "cooldownPeriod": max(s.scale_down.stabilization_window_seconds, KEDA_POLLING_SECONDS),
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {
+                    "name": scaler.deployment,
+                    "behavior": behavior(s),
+                }
+            },
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "name": t.name,
+                    "metricType": "AverageValue",
+                    "metadata": {
+                        "serverAddress": prometheus,
+                        "query": t.query,
+                        "threshold": _number(t.target),
+                        "activationThreshold": _number(t.activation),
+                        "ignoreNullValues": "true",
+                    },
+                }
+                for t in scaler.triggers
+            ],
+        },
+    }
+
+
+def horizontal_pod_autoscaler(pool: EncoderPool, scaler: Scaler) -> dict[str, Any]:
+    """A plain HPA on External metrics (AverageValue: the metric over the pods)."""
+    s = scaler.settings
+    return {
+        "apiVersion": HPA_API,
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": child_meta(pool, scaler.deployment, scaler.component),
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": scaler.deployment,
+            },
+            # An HPA cannot take a Deployment to zero (without an alpha feature gate):
+            # plan refuses minReplicas 0 with this engine before this renders.
+            "minReplicas": max(s.min_replicas, 1),
+            "maxReplicas": s.max_replicas,
+            "metrics": [
+                {
+                    "type": "External",
+                    "external": {
+                        "metric": {
+                            "name": t.hpa_metric,
+                            "selector": {"matchLabels": dict(t.hpa_selector)},
+                        },
+                        "target": {"type": "AverageValue", "averageValue": _number(t.target)},
+                    },
+                }
+                for t in scaler.triggers
+            ],
+            "behavior": behavior(s),
+        },
+    }
+
+
+def autoscaler_objects(
+    pool: EncoderPool, engine: Engine, prometheus: str | None
+) -> list[dict[str, Any]]:
+    """The autoscalers of ``pool``'s autoscaling roles (none when KEDA has no Prometheus
+    to ask: plan reports that instead)."""
+    found = scalers(pool)
+    if engine == "keda":
+        if prometheus is None:
+            return []
+        return [scaled_object(pool, s, prometheus) for s in found]
+    return [horizontal_pod_autoscaler(pool, s) for s in found]
+
+
+def autoscaler_refs(pool: EncoderPool, engine: Engine) -> list[Ref]:
+    api, kind = (
+        (KEDA_API, "ScaledObject") if engine == "keda" else (HPA_API, "HorizontalPodAutoscaler")
+    )
+    return [(api, kind, s.deployment) for s in scalers(pool)]
+
+
+def autoscaling_problem(pool: EncoderPool, engine: Engine, prometheus: str | None) -> str | None:
+    """What keeps this pool's autoscaling from working with this operator's settings."""
+    found = scalers(pool)
+    if not found:
+        return None
+    if engine == "keda" and prometheus is None:
+        return (
+            "spec autoscaling needs a Prometheus for KEDA to query, and the operator has none: "
+            "set the chart's autoscaling.prometheus.address (ENCODERPOOL_PROMETHEUS_ADDRESS)"
+        )
+    if engine == "hpa":
+        zero = [s.component for s in found if s.settings.min_replicas == 0]
+        if zero:
+            return (
+                f"autoscaling.minReplicas 0 ({', '.join(zero)}) needs the KEDA engine: a "
+                "HorizontalPodAutoscaler cannot scale to zero; set minReplicas to 1 or "
+                "install KEDA and set the chart's autoscaling.engine to keda"
+            )
+    return None
