@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -520,3 +521,36 @@ def test_a_producer_worker_counts_a_staging_drop_in_its_report(
         assert published(store, "big") is None
     finally:
         w.shutdown()
+
+
+def test_the_writer_lets_a_burst_of_saves_finish_but_never_waits_long(
+    store: SharedStore,
+) -> None:
+    """While saves keep coming the writer sleeps (the GIL free for the step), at most
+    WRITER_QUIET_MAX_S; after a quiet moment it starts at once."""
+    from encoderpool_connector.shared_volume import worker as worker_module
+
+    writer = writer_for(store, 32 * KiB)
+    try:
+        t0 = time.monotonic()
+        writer._let_the_step_finish()  # nothing submitted lately
+        assert time.monotonic() - t0 < worker_module.WRITER_QUIET_S
+        stop = threading.Event()
+
+        def submitting() -> None:
+            while not stop.is_set():
+                writer._last_submit = time.monotonic()
+                time.sleep(0.0005)
+
+        busy = threading.Thread(target=submitting)
+        busy.start()
+        try:
+            t0 = time.monotonic()
+            writer._let_the_step_finish()
+            waited = time.monotonic() - t0
+        finally:
+            stop.set()
+            busy.join()
+        assert worker_module.WRITER_QUIET_MAX_S <= waited < 1
+    finally:
+        writer.close()
