@@ -70,6 +70,7 @@ class RouterArgs(BaseModel):
     trust_client_media_ids: bool | None = None
     trust_request_mm_kwargs: bool | None = None
     consumer_policy: Literal["least-busy", "media-affinity"] | None = None
+    dispatch: Literal["always", "when-faster"] | None = None
     allowed_media_domains: tuple[str, ...] | None = None
     allow_private_media: bool | None = None
     limit_mm_per_prompt: dict[str, int] | None = None

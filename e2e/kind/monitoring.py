@@ -177,9 +177,8 @@ def prometheus_objects(image: str) -> list[dict[str, Any]]:
 PROMETHEUS_ADDRESS = f"http://prometheus.{PROMETHEUS_NS}.svc:{PROMETHEUS_PORT}"
 
 
-def keda_manifests(cluster: KindCluster, image: str) -> str:
-    """KEDA's own install manifests from its module (operator, metrics API server, CRDs,
-    RBAC; without its admission webhooks), with our image in place of its registry's."""
+def keda_module() -> Path:
+    """KEDA's module tree (from the Go module cache; e2e/monitoring/build.sh fills it)."""
     env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "GOWORK": "off"}
     version = key_values((MONITORING_DIR / "versions.env").read_text())["KEDA_VERSION"]
     proc = run(
@@ -187,7 +186,18 @@ def keda_manifests(cluster: KindCluster, image: str) -> str:
         env=env,
         timeout=900,
     )
-    module = Path(json.loads(proc.stdout)["Dir"])
+    return Path(json.loads(proc.stdout)["Dir"])
+
+
+def scaled_object_crd() -> Path:
+    """KEDA's ScaledObject CRD as KEDA ships it (for a control plane without KEDA running)."""
+    return keda_module() / "config" / "crd" / "bases" / "keda.sh_scaledobjects.yaml"
+
+
+def keda_manifests(cluster: KindCluster, image: str) -> str:
+    """KEDA's own install manifests from its module (operator, metrics API server, CRDs,
+    RBAC; without its admission webhooks), with our image in place of its registry's."""
+    module = keda_module()
     repo, tag = image.rsplit(":", 1)
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(module / "config", Path(tmp) / "config")

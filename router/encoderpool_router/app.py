@@ -50,7 +50,13 @@ class Router:
             self.tokens.load()  # ValueError: unreadable or empty, a start-up error
         self.shares = Shares(settings.max_requests_per_client, settings.max_items_per_client)
         self.upstream = Upstream(settings.backend_api_key, resolver)
-        self.encoder = Encoder(settings, self.groups, self.upstream, self.metrics)
+        self.encoder = Encoder(
+            settings,
+            self.groups,
+            self.upstream,
+            self.metrics,
+            consumer_load=lambda: min((b.in_flight for b in self.consumers.backends), default=0),
+        )
         self.relay = Relay(settings, self.consumers, self.upstream, self.metrics)
         self.pipeline = Pipeline(
             settings,

@@ -123,6 +123,14 @@ class RouterSettings(BaseSettings):
         description="In-flight items at which an item's preferred producer yields to "
         "the next one in the item's ranking.",
     )
+    dispatch: Literal["always", "when-faster"] = Field(
+        default="always",
+        description="Where a media item is encoded. always: on a producer whenever one of "
+        "its group is ready. when-faster: on a producer only when the group's items in "
+        "flight per ready producer are fewer than the consumers' requests in flight (the "
+        "consumer encoding it would delay them all); an idle consumer encodes it itself "
+        "and no hop is paid.",
+    )
     consumer_policy: Literal["least-busy", "media-affinity"] = Field(
         default="least-busy",
         description="How a request's consumer is chosen. least-busy: fewest requests in "

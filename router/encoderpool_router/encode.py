@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import aiohttp
@@ -27,6 +27,7 @@ from encoderpool_router.backends import Backend, BackendSet, Calls, ProducerGrou
 from encoderpool_router.body import ClientBody
 from encoderpool_router.config import RouterSettings
 from encoderpool_router.content import modality
+from encoderpool_router.demand import EncoderDemand, decide
 from encoderpool_router.intake import Media
 from encoderpool_router.media import encoder_request_parts
 from encoderpool_router.metrics import RouterMetrics
@@ -46,12 +47,14 @@ Way = Literal["producer", "local", "reused"]
 class Backlog:
     """The work of one producer group, live: ``waiting``, items sent its way that wait for
     a slot among all clients' producer requests, and the items in flight on each of its
-    producers (``Backend.in_flight``, kept by ``Calls.track``)."""
+    producers (``Backend.in_flight``, kept by ``Calls.track``). ``group`` names it in the
+    demand metrics: the Service that feeds it, or its set's role with static backends."""
 
-    __slots__ = ("producers", "waiting")
+    __slots__ = ("group", "producers", "waiting")
 
-    def __init__(self, producers: BackendSet) -> None:
+    def __init__(self, producers: BackendSet, group: str) -> None:
         self.producers = producers
+        self.group = group
         self.waiting = 0
 
     @property
@@ -63,8 +66,21 @@ class Backlog:
         """Items in flight per producer, by URL."""
         return {b.url: b.in_flight for b in self.producers.backends}
 
+    def total(self) -> int:
+        """Items waiting for a slot or in flight on the group's producers."""
+        return self.waiting + sum(b.in_flight for b in self.producers.backends)
+
     def __repr__(self) -> str:
         return f"Backlog({self.producers.role}, waiting={self.waiting}, {self.in_flight()})"
+
+
+class Local:
+    """How many of one request's items were left to the consumer so far."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items = 0
 
 
 class Encoder:
@@ -77,12 +93,19 @@ class Encoder:
         groups: ProducerGroups,
         upstream: Upstream,
         metrics: RouterMetrics,
+        consumer_load: Callable[[], int] = lambda: 0,
     ) -> None:
         self.settings = settings
         self.upstream = upstream
         self.metrics = metrics
+        # The least requests in flight on a consumer: what encoding locally would delay.
+        self.consumer_load = consumer_load
         # modality -> its group's backlog (modalities sharing a set share one backlog)
-        backlogs = {id(s): Backlog(s) for s in groups.sets}
+        names = {id(s): service for service, s in groups.services.items()}
+        backlogs = {id(s): Backlog(s, names.get(id(s), s.role)) for s in groups.sets}
+        self.demand = EncoderDemand(
+            sorted(b.group for b in backlogs.values()), registry=metrics.registry
+        )
         self.backlogs = {m: backlogs[id(s)] for m, s in groups.by_modality.items()}
         self.recent = (
             RecentlyEncoded(settings.reuse_encoded_s) if settings.reuse_encoded_s else None
@@ -102,9 +125,10 @@ class Encoder:
             by_key.setdefault(key, part)
         if len(media.parts) > len(by_key):
             self.metrics.items_by["duplicate"].inc(len(media.parts) - len(by_key))
+        local = Local()
         if len(by_key) == 1:  # the common case: no semaphore, no gather
             ((key, part),) = by_key.items()
-            results = [await self._encode_one(body, part, key, f"{rid}-enc0")]
+            results = [await self._encode_one(body, part, key, f"{rid}-enc0", local)]
         else:
             mine = asyncio.Semaphore(self.settings.max_encodes_per_request)
 
@@ -112,7 +136,7 @@ class Encoder:
                 i: int, key: bytes, part: dict[str, Any]
             ) -> tuple[Encoded, dict[str, Any]]:
                 async with mine:
-                    return await self._encode_one(body, part, key, f"{rid}-enc{i}")
+                    return await self._encode_one(body, part, key, f"{rid}-enc{i}", local)
 
             results = await asyncio.gather(
                 *(one(i, key, part) for i, (key, part) in enumerate(by_key.items()))
@@ -123,23 +147,37 @@ class Encoder:
             merged.update(params)
         return merged
 
-    def decide(self, key: bytes, backlog: Backlog | None) -> Way:
+    def decide(self, key: bytes, backlog: Backlog | None, local: int = 0) -> Way:
         """Where one item (``key``: its media key) is encoded, given its group's backlog
         (None: its modality has no group): on a producer; ``local``, by the consumer;
         or ``reused``, by nobody, a producer having encoded it moments ago (the consumer
-        finds the entry by hash, or encodes it if it is gone)."""
+        finds the entry by hash, or encodes it if it is gone). ``local``: this request's
+        items already left to the consumer. Every decision on a group is counted
+        (``demand.decide``); one that found no producer ready is the group's unserved
+        demand, which wakes it from zero."""
         if backlog is None:
             return "local"
         if self.recent is not None and self.recent.fresh(key):
             return "reused"
-        return "producer"
+        dispatch = decide(
+            self.settings.dispatch,
+            backlog.ready,
+            backlog.total(),
+            self.consumer_load() + local,
+        )
+        self.demand.record(backlog.group, dispatch)
+        if dispatch.reason == "no_producer":
+            self.metrics.error("producer_unavailable")
+        return "producer" if dispatch.to == "producer" else "local"
 
     async def _encode_one(
-        self, body: ClientBody, part: dict[str, Any], key: bytes, rid: str
+        self, body: ClientBody, part: dict[str, Any], key: bytes, rid: str, local: Local
     ) -> tuple[Encoded, dict[str, Any]]:
         """One item: ("remote", its params) from a producer, else ("local" | "reused", {})."""
         backlog = self.backlogs.get(modality(part))
-        way = self.decide(key, backlog)
+        way = self.decide(key, backlog, local.items)
+        if way == "local":
+            local.items += 1
         if way != "producer":
             return way, {}
         assert backlog is not None
@@ -152,7 +190,8 @@ class Encoder:
         finally:
             backlog.waiting -= 1
         try:
-            return await self._on_producer(body, part, key, backlog.producers, rid)
+            with self.demand.track(backlog.group):
+                return await self._on_producer(body, part, key, backlog.producers, rid)
         finally:
             self._slots.release()
 
@@ -160,7 +199,7 @@ class Encoder:
         self, body: ClientBody, part: dict[str, Any], key: bytes, group: BackendSet, rid: str
     ) -> tuple[Encoded, dict[str, Any]]:
         producer = choose_producer(key, group.backends, self.settings.producer_load_bound)
-        if producer is None:
+        if producer is None:  # every producer of the group ejected
             self.metrics.error("producer_unavailable")
             return "local", {}
         try:

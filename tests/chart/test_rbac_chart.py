@@ -34,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import LocalCluster
 from e2e.cluster.kubelet import service_account_kubeconfig
+from e2e.kind.monitoring import scaled_object_crd
 from encoderpool_operator import rbac
 from tests.chart.fixtures import CHART, documents, helm
 from tests.operator.fixtures import (
@@ -237,9 +238,13 @@ def release(cluster: LocalCluster, namespace: str) -> Iterator[str]:
 def test_the_chart_grants_exactly_what_the_operator_uses(
     cluster: LocalCluster, crd: str, namespace: str, release: str, scope: str, tmp_path: Path
 ) -> None:
+    # KEDA's ScaledObject kind, as KEDA installs it (no KEDA runs: the operator only applies
+    # and prunes ScaledObjects); the operator is told where Prometheus would be.
+    cluster.kubectl("apply", "--server-side", "-f", str(scaled_object_crd()))
     helm(
         "install", release, str(CHART), "-n", namespace,
         "--set", f"scope={scope},operator.resyncSeconds=5,operator.widthRetrySeconds=2",
+        "--set", "autoscaling.prometheus.address=http://prometheus.invalid:9090",
         kubeconfig=cluster.kubeconfig,
     )  # fmt: skip
     manifest = helm("get", "manifest", release, "-n", namespace, kubeconfig=cluster.kubeconfig)
@@ -298,6 +303,32 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
             "-p", json.dumps({"spec": {"consumer": {"replicas": 2}}}),
         )  # fmt: skip
         ready_with(cluster, pool_ns, consumers="2/2")
+        # 2b. Autoscaling producers: a ScaledObject, then pruned when autoscaling is off.
+        cluster.kubectl(
+            "patch", "encoderpool", "tiny", "-n", pool_ns, "--type=merge",
+            "-p", json.dumps({"spec": {"producer": {"autoscaling": {"maxReplicas": 2}}}}),
+        )  # fmt: skip
+        wait_until(
+            "the producers' ScaledObject",
+            lambda: (
+                cluster.kubectl(
+                    "get", "scaledobjects", "-n", pool_ns, "--ignore-not-found", "-o", "name"
+                ).strip()
+                == "scaledobject.keda.sh/tiny-producer"
+            ),
+        )
+        cluster.kubectl(
+            "patch", "encoderpool", "tiny", "-n", pool_ns, "--type=merge",
+            "-p", json.dumps({"spec": {"producer": {"autoscaling": None}}}),
+        )  # fmt: skip
+        wait_until(
+            "the ScaledObject pruned",
+            lambda: (
+                not cluster.kubectl(
+                    "get", "scaledobjects", "-n", pool_ns, "--ignore-not-found", "-o", "name"
+                ).strip()
+            ),
+        )
         # 3. Failover: the active replica goes, the standby takes over and keeps reconciling.
         active.stop()
         wait_until("the standby to take over", lambda: working(standby))

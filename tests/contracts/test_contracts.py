@@ -108,6 +108,7 @@ def test_router_args_are_router_settings_and_parse_back_to_the_same_values() -> 
         trust_client_media_ids=True,
         trust_request_mm_kwargs=True,
         consumer_policy="media-affinity",
+        dispatch="when-faster",
         allowed_media_domains=("a.example", "b.example"),
         allow_private_media=True,
         limit_mm_per_prompt={"image": 2, "video": 1},

@@ -1086,6 +1086,15 @@ class RouterSpec(ApiModel):
         "to the least busy. Worth it with several consumers and repeated media (multi-turn "
         "chats, shared images).",
     )
+    dispatch: Literal["Always", "WhenFaster"] = Field(
+        default="Always",
+        description="Where the router has a media item encoded. Always: on a producer "
+        "whenever one of its group is ready. WhenFaster: on a producer only when the "
+        "group's items in flight per ready producer are fewer than the consumers' requests "
+        "in flight (encoding on the consumer would delay each of them); an idle consumer "
+        "encodes the item itself and no hop is paid. Either way, an item whose producers "
+        "are all down or scaled to zero is encoded by the consumer.",
+    )
     auth: RouterAuth | None = Field(
         default=None,
         description="Client authentication: bearer tokens from a Secret. Omit for an open "

@@ -187,6 +187,7 @@ def router_args(pool: EncoderPool) -> RouterArgs:
         trust_request_mm_kwargs=router.trust_request_mm_kwargs or None,
         # LeastBusy is the router's own default.
         consumer_policy="media-affinity" if router.consumer_policy == "MediaAffinity" else None,
+        dispatch="when-faster" if router.dispatch == "WhenFaster" else None,
         allowed_media_domains=tuple(model.media.allowed_domains) or None,
         allow_private_media=model.media.allow_private_addresses or None,
         # Refused at the router, before any fan-out.
