@@ -16,7 +16,9 @@ from encoderpool_operator.api import (
     CONSUMERS_AVAILABLE,
     PRODUCERS_AVAILABLE,
     READY,
+    RECONCILING,
     ROUTER_AVAILABLE,
+    STALLED,
     WIDTHS_MEASURED,
     Condition,
     ConditionUpdate,
@@ -55,6 +57,26 @@ def set_condition(
     if old is None:
         return (*conditions, made)
     return tuple(made if c.type == new.type else c for c in conditions)
+
+
+def with_kstatus(
+    conditions: Sequence[Condition], ready: ConditionUpdate, now: datetime
+) -> tuple[Condition, ...]:
+    """``conditions`` with kstatus' Reconciling and Stalled set from Ready (``ready``).
+
+    kstatus (Flux's health checks, ``kubectl wait``-style tools built on cli-utils) reads
+    a custom resource as Failed while Stalled is True and InProgress while Reconciling is
+    True; a Ready=False alone reads as InProgress. So a problem a person must act on is
+    Stalled, anything else short of Ready is Reconciling; both are absent once Ready.
+    """
+    problem = ready.status != "True" and ready.reason in PROBLEM_REASONS
+    on = STALLED if problem else RECONCILING if ready.status != "True" else None
+    kept = tuple(c for c in conditions if c.type not in (RECONCILING, STALLED))
+    if on is None:
+        return kept
+    old = find_condition(conditions, on)  # kept with its time while it stays True
+    update = ready.model_copy(update={"type": on, "status": "True"})
+    return set_condition((*kept, *((old,) if old else ())), update, now)
 
 
 def ready_condition(

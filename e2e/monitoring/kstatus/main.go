@@ -11,6 +11,7 @@ import (
 	"os"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 )
 
@@ -20,7 +21,8 @@ func main() {
 		fail(err)
 	}
 	obj := &unstructured.Unstructured{}
-	if err := json.Unmarshal(raw, &obj.Object); err != nil {
+	// Numbers as int64 where they are whole, as the API machinery reads objects.
+	if err := utiljson.Unmarshal(raw, &obj.Object); err != nil {
 		fail(fmt.Errorf("stdin is not one JSON object: %w", err))
 	}
 	res, err := status.Compute(obj)

@@ -21,6 +21,11 @@ PRODUCERS_AVAILABLE = "ProducersAvailable"
 CONSUMERS_AVAILABLE = "ConsumersAvailable"
 ROUTER_AVAILABLE = "RouterAvailable"
 READY = "Ready"
+# kstatus' abnormal-true conditions (what Flux's health checks read), mirroring Ready:
+# Reconciling while the pool comes up or changes, Stalled while a person must act.
+# Present only while True.
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
 CONDITION_TYPES = (
     CHILDREN_OWNED,
     WIDTHS_MEASURED,
@@ -28,6 +33,8 @@ CONDITION_TYPES = (
     CONSUMERS_AVAILABLE,
     ROUTER_AVAILABLE,
     READY,
+    RECONCILING,
+    STALLED,
 )
 
 # The API server checks schema bounds as float64; beyond 2**53 they stop being integers.

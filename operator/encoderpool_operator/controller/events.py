@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from encoderpool_operator.api import READY
+from encoderpool_operator.api import READY, RECONCILING, STALLED
 from encoderpool_operator.conditions import PROBLEM_REASONS
 from encoderpool_operator.kube import Kube
 
@@ -70,6 +70,8 @@ def transition_events(
     )
     out = []
     for type_, reason, message in transitions:
+        if type_ in (RECONCILING, STALLED):  # they mirror Ready: its Event says it
+            continue
         if reason in PROBLEM_REASONS:
             out.append(("Warning", reason, f"{type_}: {message}"))
         elif type_ == READY and was_ready:

@@ -43,6 +43,7 @@ from encoderpool_operator.conditions import (
     PROBLEM_REASONS,
     ready_condition,
     set_condition,
+    with_kstatus,
 )
 from encoderpool_operator.naming import (
     CONSUMER,
@@ -147,7 +148,7 @@ def invalid_status(obj: Mapping[str, Any], message: str, now: datetime) -> Encod
     )
     return current.model_copy(
         update={
-            "conditions": set_condition(current.conditions, update, now),
+            "conditions": with_kstatus(set_condition(current.conditions, update, now), update, now),
             "observed_generation": gen,
         }
     )
@@ -331,7 +332,7 @@ def plan(snap: Snapshot, defaults: Defaults, now: datetime) -> Plan:
         ready = ready.model_copy(
             update={"status": "False", "reason": AUTOSCALING_UNAVAILABLE, "message": problem}
         )
-    conditions = set_condition(conditions, ready, now)
+    conditions = with_kstatus(set_condition(conditions, ready, now), ready, now)
     new_status = pool.status.model_copy(update={**status_fields, "conditions": conditions})
     new_status = EncoderPoolStatus.model_validate(new_status.model_dump(by_alias=True))
 
