@@ -25,6 +25,7 @@ from typing import Any
 from e2e.kind.cluster import ROOT, KindCluster, key_values, run
 
 MONITORING_DIR = ROOT / "e2e" / "monitoring"
+ALERTS = ROOT / "charts" / "encoderpool-operator" / "files" / "alerts.json"
 PROMETHEUS_NS = "monitoring"
 KEDA_NS = "keda"
 PROMETHEUS_PORT = 9090
@@ -33,6 +34,8 @@ SCRAPE_INTERVAL = "5s"
 
 SCRAPE_CONFIG: dict[str, Any] = {
     "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
+    # The chart's alerts (charts/encoderpool-operator/files/alerts.json), as a rule file.
+    "rule_files": ["/etc/prometheus/alerts.yml"],
     "scrape_configs": [
         {
             "job_name": "encoderpool",
@@ -103,7 +106,10 @@ def prometheus_objects(image: str) -> list[dict[str, Any]]:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": meta,
-            "data": {"prometheus.yml": json.dumps(SCRAPE_CONFIG, indent=1)},
+            "data": {
+                "prometheus.yml": json.dumps(SCRAPE_CONFIG, indent=1),
+                "alerts.yml": ALERTS.read_text(),  # JSON is YAML
+            },
         },
         {
             "apiVersion": "apps/v1",
@@ -256,6 +262,12 @@ class Prometheus:
         if body.get("status") != "success":
             raise RuntimeError(f"Prometheus refused {promql!r}: {body}")
         return list(body["data"]["result"])
+
+    def rules(self) -> list[dict[str, Any]]:
+        """Every loaded alerting rule, with its health and state."""
+        with urllib.request.urlopen(f"{self.url}/api/v1/rules?type=alert", timeout=30) as resp:
+            body = json.load(resp)
+        return [r for g in body["data"]["groups"] for r in g["rules"]]
 
     def value(self, promql: str) -> float | None:
         """The single value of a query that sums to one series, or None if it has none."""

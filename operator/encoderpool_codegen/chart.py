@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from encoderpool_codegen import crd
+from encoderpool_codegen import crd, monitoring
 from encoderpool_operator import rbac
 from encoderpool_operator.settings import OperatorSettings
 
@@ -331,6 +331,32 @@ class Autoscaling(_Values):
     prometheus: AutoscalingPrometheus = Field(default_factory=AutoscalingPrometheus)
 
 
+class GrafanaDashboard(_Values):
+    enabled: bool = Field(
+        default=False,
+        description="A ConfigMap holding the pools' Grafana dashboard (files/dashboard.json), "
+        "labelled for the Grafana sidecar.",
+    )
+    labels: dict[str, str] = Field(
+        default_factory=lambda: {"grafana_dashboard": "1"},
+        max_length=16,
+        description="Labels the Grafana sidecar looks for.",
+    )
+
+
+class PrometheusRuleValues(_Values):
+    enabled: bool = Field(
+        default=False,
+        description="A monitoring.coreos.com/v1 PrometheusRule with the pools' alerts "
+        "(files/alerts.json); needs the Prometheus Operator's CRDs.",
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Extra labels, e.g. what the Prometheus' ruleSelector matches.",
+    )
+
+
 class PodDisruptionBudget(_Values):
     enabled: bool = Field(
         default=True,
@@ -378,6 +404,12 @@ class ChartValues(_Values):
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     metrics: Metrics = Field(default_factory=Metrics)
     service_monitor: ServiceMonitor = Field(default_factory=ServiceMonitor, alias="serviceMonitor")
+    grafana_dashboard: GrafanaDashboard = Field(
+        default_factory=GrafanaDashboard, alias="grafanaDashboard"
+    )
+    prometheus_rule: PrometheusRuleValues = Field(
+        default_factory=PrometheusRuleValues, alias="prometheusRule"
+    )
     pod_disruption_budget: PodDisruptionBudget = Field(
         default_factory=PodDisruptionBudget, alias="podDisruptionBudget"
     )
@@ -414,6 +446,8 @@ def _derived() -> dict[str, str]:
     return {
         "values.schema.json": json.dumps(schema(), indent=2, sort_keys=True) + "\n",
         "files/rbac.json": rbac_json(),
+        "files/dashboard.json": monitoring.dashboard_json(),
+        "files/alerts.json": monitoring.alerts_json(),
         f"crds/{crd.FILENAME}": crd.render(),
     }
 

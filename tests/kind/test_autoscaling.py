@@ -30,6 +30,7 @@ from e2e.kind.pool import (
     wait_ready,
 )
 from e2e.media import chat_request, image
+from encoderpool_codegen.monitoring import ALERTS, PANELS
 from encoderpool_contracts.signals import (
     DISPATCH_DECISIONS,
     ENCODER_INFLIGHT_SECONDS,
@@ -168,3 +169,29 @@ def test_awake_producers_encode_and_their_demand_is_measured(
 def test_idle_producers_go_back_to_zero(kind: KindCluster, pool: dict[str, Any]) -> None:
     wait_until("the producers back at zero", lambda: replicas(kind) == 0, timeout=600)
     wait_ready(kind, NS, POOL)
+
+
+def test_every_dashboard_panel_returns_data_after_traffic(
+    kind: KindCluster, pool: dict[str, Any]
+) -> None:
+    """The chart's dashboard, panel by panel, on the test bed's Prometheus."""
+    empty = []
+    with monitoring.prometheus(kind) as prom:
+        for panel in PANELS:
+            expr = panel.expr.replace("$namespace", NS).replace("$pool", POOL)
+            # The panels' 5m windows have seen the traffic above.
+            if not prom.query(expr):
+                empty.append(panel.title)
+    assert empty == [], f"panels without data: {empty}"
+
+
+def test_the_alerts_load_and_are_silent_while_the_pool_is_healthy(
+    kind: KindCluster, pool: dict[str, Any]
+) -> None:
+    with monitoring.prometheus(kind) as prom:
+        rules = {r["name"]: r for r in prom.rules()}
+        assert sorted(rules) == sorted(a.name for a in ALERTS)
+        for name, rule in rules.items():
+            assert rule["health"] == "ok", (name, rule.get("lastError"))
+            assert rule["state"] != "firing", name
+            assert prom.query(rule["query"]) == [] or name == "EncoderPoolLocalEncodeFallbackHigh"

@@ -1,0 +1,284 @@
+"""The pool's Grafana dashboard and Prometheus alerts, as tables: the chart ships what these
+render (files/dashboard.json, files/alerts.json), and the kind test bed runs every panel's
+query and every alert's expression on a real Prometheus after traffic.
+
+Queries select a pool by the labels the scrape configuration gives its series
+(``namespace``, ``pool``, ``component``; docs/autoscaling.md), so the dashboard works on
+any Prometheus that scrapes the pools that way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from encoderpool_contracts.signals import (
+    DISPATCH_DECISIONS,
+    ENCODER_INFLIGHT_SECONDS,
+    ENCODER_UNSERVED_ITEMS,
+    VLLM_KV_CACHE_USAGE,
+    VLLM_REQUESTS_RUNNING,
+    VLLM_REQUESTS_WAITING,
+)
+
+POOL = 'namespace="$namespace",pool="$pool"'
+RATE = "[5m]"
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    expr: str
+    unit: str = "short"
+    legend: str = ""
+    description: str = ""
+
+
+def _quantile(q: float, metric: str, extra: str = "") -> str:
+    sel = f"{POOL}{extra}"
+    return f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{sel}}}{RATE})))"
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel(
+        "Requests by route and status",
+        f"sum by (endpoint, code) (rate(encoderpool_router_requests_total{{{POOL}}}{RATE}))",
+        "reqps",
+        "{{endpoint}} {{code}}",
+    ),
+    Panel(
+        "Router errors by kind",
+        f"sum by (kind) (rate(encoderpool_router_errors_total{{{POOL}}}{RATE}))",
+        "ops",
+        "{{kind}}",
+    ),
+    Panel(
+        "Time to first byte (p50, p95)",
+        _quantile(0.95, "encoderpool_router_consumer_latency_seconds", ',phase="first_byte"'),
+        "s",
+        "p95",
+        "From the router's request to the consumer's first byte: TTFT as clients see it.",
+    ),
+    Panel(
+        "Time per output token (p95)",
+        _quantile(0.95, "vllm:inter_token_latency_seconds", ',component="consumer"'),
+        "s",
+        "p95",
+    ),
+    Panel(
+        "Media items by where they were encoded",
+        f"sum by (encoded) (rate(encoderpool_router_media_items_total{{{POOL}}}{RATE}))",
+        "ops",
+        "{{encoded}}",
+        "remote: a producer; local: the consumer; reused: encoded moments ago.",
+    ),
+    Panel(
+        "Encoder demand per producer group (items in flight)",
+        f"sum by (group) (rate({ENCODER_INFLIGHT_SECONDS}{{{POOL}}}{RATE}))",
+        "short",
+        "{{group}}",
+        "The producers' autoscaling signal: mean media items in flight to the group.",
+    ),
+    Panel(
+        "Items that found no producer",
+        f"sum by (group) (rate({ENCODER_UNSERVED_ITEMS}{{{POOL}}}{RATE}))",
+        "ops",
+        "{{group}}",
+        "A group at zero or all ejected; the consumer encoded them. Wakes a group at zero.",
+    ),
+    Panel(
+        "Dispatch decisions",
+        f"sum by (to, reason) (rate({DISPATCH_DECISIONS}{{{POOL}}}{RATE}))",
+        "ops",
+        "{{to}} {{reason}}",
+    ),
+    Panel(
+        "Encoder cache: hits, misses, rejected",
+        "sum by (__name__) (rate({__name__=~"
+        '"encoderpool_ec_(hits|misses|rejected)_total",' + POOL + "}" + RATE + "))",
+        "ops",
+        "{{__name__}}",
+    ),
+    Panel(
+        "Encoder cache: bytes published and evicted",
+        "sum by (__name__) (rate({__name__=~"
+        '"encoderpool_ec_(publish_bytes|evicted_bytes)_total",' + POOL + "}" + RATE + "))",
+        "Bps",
+        "{{__name__}}",
+    ),
+    Panel(
+        "Connector: load and write time per item",
+        f"sum(rate(encoderpool_ec_load_seconds_total{{{POOL}}}{RATE})) / "
+        f"sum(rate(encoderpool_ec_loads_total{{{POOL}}}{RATE}))",
+        "s",
+        "load",
+    ),
+    Panel(
+        "Pods per role (ready backends the router sees)",
+        f"sum by (role) (encoderpool_router_backends{{{POOL}}})",
+        "short",
+        "{{role}}",
+    ),
+    Panel(
+        "LM demand: requests running and waiting",
+        f'sum({VLLM_REQUESTS_RUNNING}{{{POOL},component="consumer"}}) + '
+        f'sum({VLLM_REQUESTS_WAITING}{{{POOL},component="consumer"}})',
+        "short",
+        "running + waiting",
+        "The consumers' autoscaling signal.",
+    ),
+    Panel(
+        "KV-cache use per consumer",
+        f'{VLLM_KV_CACHE_USAGE}{{{POOL},component="consumer"}}',
+        "percentunit",
+        "{{pod}}",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+
+
+def _ratio(num: str, den: str) -> str:
+    return f"({num}) / ({den} > 0)"
+
+
+BY_POOL = "sum by (namespace, pool)"
+ALERTS: tuple[Alert, ...] = (
+    Alert(
+        "EncoderPoolNoConsumerReady",
+        f'{BY_POOL} (encoderpool_router_backends{{role="consumer"}}) == 0',
+        "2m",
+        "critical",
+        "Pool {{ $labels.namespace }}/{{ $labels.pool }}: the router sees no ready consumer; "
+        "every request fails with 503.",
+    ),
+    Alert(
+        "EncoderPoolProducersFailing",
+        _ratio(
+            f'{BY_POOL} (rate(encoderpool_router_errors_total{{kind=~"producer_(error|timeout)"}}'
+            f"{RATE}))",
+            f"{BY_POOL} (rate(encoderpool_router_media_items_total{RATE}))",
+        )
+        + " > 0.2",
+        "5m",
+        "warning",
+        "Pool {{ $labels.namespace }}/{{ $labels.pool }}: over 20% of media items failed on "
+        "a producer (the consumers encode them: slower, not failed).",
+    ),
+    Alert(
+        "EncoderPoolLocalEncodeFallbackHigh",
+        _ratio(
+            f"{BY_POOL} (rate({ENCODER_UNSERVED_ITEMS}{RATE}))",
+            f"{BY_POOL} (rate({DISPATCH_DECISIONS}{RATE}))",
+        )
+        + " > 0.5",
+        "15m",
+        "warning",
+        "Pool {{ $labels.namespace }}/{{ $labels.pool }}: most media items find no producer "
+        "ready (scaled to zero for long, or all ejected); the consumers encode them.",
+    ),
+    Alert(
+        "EncoderPoolCacheEvicting",
+        f"{BY_POOL} (rate(encoderpool_ec_evicted_bytes_total{RATE})) > 0",
+        "30m",
+        "info",
+        "Pool {{ $labels.namespace }}/{{ $labels.pool }}: the encoder cache has been full "
+        "and evicting for 30 minutes; raise connector.sharedVolume.capacity for more reuse.",
+    ),
+    Alert(
+        "EncoderPoolRouter5xx",
+        _ratio(
+            f'{BY_POOL} (rate(encoderpool_router_requests_total{{code=~"5.."}}{RATE}))',
+            f"{BY_POOL} (rate(encoderpool_router_requests_total{RATE}))",
+        )
+        + " > 0.05",
+        "5m",
+        "critical",
+        "Pool {{ $labels.namespace }}/{{ $labels.pool }}: over 5% of requests answered 5xx.",
+    ),
+)
+
+
+def dashboard() -> dict[str, Any]:
+    """The Grafana dashboard: one timeseries panel per ``PANELS`` entry, two per row."""
+    variables = [
+        {
+            "name": "datasource",
+            "type": "datasource",
+            "query": "prometheus",
+            "label": "Prometheus",
+        },
+        {
+            "name": "namespace",
+            "type": "query",
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "query": "label_values(encoderpool_router_requests_total, namespace)",
+            "refresh": 2,
+        },
+        {
+            "name": "pool",
+            "type": "query",
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "query": "label_values(encoderpool_router_requests_total"
+            '{namespace="$namespace"}, pool)',
+            "refresh": 2,
+        },
+    ]
+    panels = [
+        {
+            "id": i + 1,
+            "type": "timeseries",
+            "title": p.title,
+            "description": p.description,
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
+            "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
+            "targets": [{"refId": "A", "expr": p.expr, "legendFormat": p.legend}],
+        }
+        for i, p in enumerate(PANELS)
+    ]
+    return {
+        "uid": "encoderpool",
+        "title": "encoderpool: pool",
+        "tags": ["encoderpool", "vllm"],
+        "schemaVersion": 39,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "templating": {"list": variables},
+        "panels": panels,
+    }
+
+
+def rule_groups() -> list[dict[str, Any]]:
+    """The alerts as Prometheus rule groups (a rule file's, or a PrometheusRule's spec)."""
+    return [
+        {
+            "name": "encoderpool",
+            "rules": [
+                {
+                    "alert": a.name,
+                    "expr": a.expr,
+                    "for": a.for_,
+                    "labels": {"severity": a.severity},
+                    "annotations": {"summary": a.summary},
+                }
+                for a in ALERTS
+            ],
+        }
+    ]
+
+
+def dashboard_json() -> str:
+    return json.dumps(dashboard(), indent=2, sort_keys=True) + "\n"
+
+
+def alerts_json() -> str:
+    return json.dumps({"groups": rule_groups()}, indent=2, sort_keys=True) + "\n"
