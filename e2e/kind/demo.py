@@ -2,10 +2,12 @@
 
 Our own Docker engine (egress guard first), the images built offline, a kind
 cluster, ``helm install`` of the chart, the sample EncoderPool (model from a
-PersistentVolumeClaim), ``kubectl wait --for=condition=Ready``, and one chat
-request with an image answered through the router (a port-forward on
-127.0.0.1). Where no Docker engine can run, it says why and runs the local demo
-(``make demo-local``: pods as local processes) instead. The cluster is deleted at
+PersistentVolumeClaim), ``kubectl wait --for=condition=Ready``, one chat request
+with an image answered through the router (a port-forward on 127.0.0.1), which pod
+encoded it and which loaded its embedding, and the same request to a monolithic vLLM
+pod: the demo states whether the token ids are equal. Where no Docker engine can run,
+it says why and runs the local demo (``make demo-local``: pods as local processes)
+instead. The cluster is deleted at
 the end unless ``--keep``; the engine is stopped if the demo started it.
 """
 
@@ -21,14 +23,16 @@ from e2e.kind.cluster import Engine, Images, KindCluster
 from e2e.kind.pool import (
     cache_volume,
     chat,
+    consumer_loads,
     encoded,
     example,
     for_kind,
     model_volume,
+    monolithic_token_ids,
     rdma,
     wait_ready,
 )
-from e2e.media import chat_request, image
+from e2e.media import chat_request, image, token_ids
 from e2e.processes import exit_on_sigterm
 from e2e.tiny_model import ensure_tiny_model
 
@@ -51,18 +55,18 @@ def main(argv: list[str]) -> int:
         return demo.main(["--transport", args.transport])
     kind: KindCluster | None = None
     try:
-        with stage("1/7 images: operator+router, vLLM+connector (offline, cached by content)"):
+        with stage("1/8 images: operator+router, vLLM+connector (offline, cached by content)"):
             images = Images.build({**os.environ, "DOCKER_HOST": engine.host})
             say("  images", f"{images.operator}, {images.vllm}")
-        with stage("2/7 kind cluster (node image assembled offline, cached)"):
+        with stage("2/8 kind cluster (node image assembled offline, cached)"):
             kind = KindCluster.up("encoderpool-demo", engine, bin_dir())
             say("  kubeconfig", str(kind.kubeconfig))
-        with stage("3/7 docker push to the cluster's registry (only new layers move)"):
+        with stage("3/8 docker push to the cluster's registry (only new layers move)"):
             images = kind.push_images(images)
             say("  pods pull", f"{images.operator}, {images.vllm}")
-        with stage("4/7 helm install charts/encoderpool-operator"):
+        with stage("4/8 helm install charts/encoderpool-operator"):
             kind.install_operator(images)
-        with stage("5/7 the model on a PersistentVolumeClaim, the sample EncoderPool"):
+        with stage("5/8 the model on a PersistentVolumeClaim, the sample EncoderPool"):
             kind.namespace(NAMESPACE)
             model_volume(kind, NAMESPACE, ensure_tiny_model())
             pool = for_kind(example("pool-shared-volume.yaml"), images.vllm)
@@ -72,19 +76,40 @@ def main(argv: list[str]) -> int:
                 cache_volume(kind, NAMESPACE)
             pool["metadata"] = {"name": "tiny", "namespace": NAMESPACE}
             kind.apply(pool)
-        with stage("6/7 kubectl wait --for=condition=Ready epool/tiny (width Job, then pods)"):
+        with stage("6/8 kubectl wait --for=condition=Ready epool/tiny (width Job, then pods)"):
             wait_ready(kind, NAMESPACE, "tiny")
-        with stage("7/7 one chat request with an image, through the router"):
+        body = chat_request(image(0), max_tokens=8)
+        with stage("7/8 one chat request with an image, through the router"):
             with kind.port_forward(
                 NAMESPACE, "service/tiny", pool["spec"]["router"]["port"]
             ) as url:
-                answer = chat(url, chat_request(image(0), max_tokens=8))
-            say("  answer", repr(answer["choices"][0]["message"]["content"]))
+                answer = chat(url, body)
+            got = token_ids(answer)
+            text = answer["choices"][0]["message"]["content"]
+            say("  answer", f"{text!r} (the test model has random weights: the text is noise)")
             producer = encoded(kind, NAMESPACE, "tiny", "producer")
             consumer = encoded(kind, NAMESPACE, "tiny", "consumer")
-            say("  encoders", f"producer ran {producer}, consumer ran {consumer}")
-        ok = producer >= 1 and consumer == 0
-        say("demo", "OK: answered through the pool, encoder disaggregated" if ok else "FAILED")
+            loads = consumer_loads(kind, NAMESPACE, "tiny")
+            say("  producer", f"tiny-producer ran its encoder for {producer} image(s)")
+            say(
+                "  consumer",
+                f"tiny-consumer loaded {loads:.0f} embedding(s) "
+                f"({args.transport}), ran its encoder {consumer} time(s)",
+            )
+        with stage("8/8 the same request to a monolithic vLLM pod (same image, model, flags)"):
+            (expected,) = monolithic_token_ids(kind, NAMESPACE, pool, [body])
+            same = got == expected
+            say(
+                "  token ids",
+                f"pool {got} {'==' if same else '!='} monolithic {expected}",
+            )
+        ok = same and producer >= 1 and consumer == 0
+        say(
+            "demo",
+            "OK: the pool's answer equals a monolithic server's, and the consumer encoded nothing"
+            if ok
+            else "FAILED: see the lines above",
+        )
         return 0 if ok else 1
     except Exception:
         if kind is not None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.kind.cluster import ROOT, KindCluster, copy_model
 from e2e.media import token_ids
@@ -180,11 +181,11 @@ def wait_ready(kind: KindCluster, namespace: str, name: str, timeout_s: int = 12
     return time.monotonic() - t0
 
 
-def token_ids_pool_and_monolithic(
+def monolithic_token_ids(
     kind: KindCluster, namespace: str, pool: dict[str, Any], bodies: list[dict[str, Any]]
-) -> tuple[list[list[int]], list[list[int]]]:
-    """The greedy token ids of ``bodies`` answered through the pool's router, and by a
-    monolithic vLLM pod (``monolithic``) started for the comparison."""
+) -> list[list[int]]:
+    """The greedy token ids of ``bodies`` answered by a monolithic vLLM pod (``monolithic``),
+    started for the comparison."""
     name = pool["metadata"]["name"]
     kind.apply(monolithic(kind, namespace, name))
     kind.kubectl(
@@ -192,10 +193,35 @@ def token_ids_pool_and_monolithic(
         timeout=630,
     )  # fmt: skip
     with kind.port_forward(namespace, f"deployment/{name}-mono", 8000) as mono:
-        expected = [token_ids(chat(mono, b)) for b in bodies]
+        return [token_ids(chat(mono, b)) for b in bodies]
+
+
+def token_ids_pool_and_monolithic(
+    kind: KindCluster, namespace: str, pool: dict[str, Any], bodies: list[dict[str, Any]]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The greedy token ids of ``bodies`` answered through the pool's router, and by a
+    monolithic vLLM pod."""
+    expected = monolithic_token_ids(kind, namespace, pool, bodies)
+    name = pool["metadata"]["name"]
     with kind.port_forward(namespace, f"service/{name}", pool["spec"]["router"]["port"]) as url:
         got = [token_ids(chat(url, b)) for b in bodies]
     return got, expected
+
+
+def consumer_loads(kind: KindCluster, namespace: str, pool: str) -> float:
+    """Embeddings the pool's consumer loaded through its connector (``encoderpool_ec_loads``
+    on vLLM's /metrics, which needs no key)."""
+    with (
+        kind.port_forward(namespace, f"deployment/{pool}-consumer", 8000) as url,
+        urllib.request.urlopen(url + "/metrics", timeout=30) as r,
+    ):
+        text = r.read().decode()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "encoderpool_ec_loads_total"
+    )
 
 
 def monolithic(kind: KindCluster, namespace: str, pool: str) -> dict[str, Any]:
