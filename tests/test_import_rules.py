@@ -89,6 +89,43 @@ def plant(root: Path, path: str, text: str) -> None:
             "from encoderpool_contracts import DTYPE_BYTES\n",
             "vllm-cache",
         ),
+        (
+            "operator/encoderpool_operator/render/x.py",
+            "from encoderpool_operator.reconcile.observe import Snapshot\n",
+            "render-reconcile",
+        ),
+        (
+            "operator/encoderpool_operator/render/x.py",
+            "def f() -> None:\n    from ..kube import Kube\n",
+            "render-kube",
+        ),
+        ("operator/encoderpool_operator/render/__init__.py", "import kopf\n", "render-kopf"),
+        ("operator/encoderpool_operator/naming.py", "from .cache import Reader\n", "naming-cache"),
+        (
+            "operator/encoderpool_operator/naming.py",
+            "from encoderpool_operator.controller import events\n",
+            "naming-controller",
+        ),
+        (
+            "operator/encoderpool_operator/naming.py",
+            "import encoderpool_operator.handlers\n",
+            "naming-handlers",
+        ),
+        (
+            "operator/encoderpool_operator/reconcile/x.py",
+            "from ..controller.manager import Controller\n",
+            "reconcile-controller",
+        ),
+        (
+            "operator/encoderpool_operator/reconcile/x.py",
+            "from encoderpool_operator import handlers\n",
+            "reconcile-handlers",
+        ),
+        (
+            "operator/encoderpool_operator/controller/x.py",
+            "def f() -> None:\n    import kopf\n",
+            "controller-kopf",
+        ),
     ],
     ids=[
         "contracts",
@@ -105,6 +142,15 @@ def plant(root: Path, path: str, text: str) -> None:
         "program-transport",
         "api-guard",
         "vllm-cache",
+        "render-reconcile",
+        "render-kube",
+        "render-kopf",
+        "naming-cache",
+        "naming-controller",
+        "naming-handlers",
+        "reconcile-controller",
+        "reconcile-handlers",
+        "controller-kopf",
     ],
 )
 def test_a_planted_violation_is_named(tmp_path: Path, path: str, text: str, rule: str) -> None:
@@ -133,6 +179,21 @@ def test_allowed_imports_pass(tmp_path: Path) -> None:
     )
     plant(tmp_path, "router/encoderpool_router/x.py", "from encoderpool_contracts import pod\n")
     plant(tmp_path, "operator/encoderpool_operator/x.py", "import kopf\n")
+    plant(
+        tmp_path,
+        "operator/encoderpool_operator/render/x.py",
+        "from encoderpool_operator.naming import child_meta\nfrom ..api import EncoderPool\n",
+    )
+    plant(
+        tmp_path,
+        "operator/encoderpool_operator/reconcile/x.py",
+        "from ..render import Defaults\nfrom encoderpool_operator.kube import Kube\n",
+    )
+    plant(
+        tmp_path,
+        "operator/encoderpool_operator/controller/x.py",
+        "from ..reconcile import reconcile\nfrom kubernetes import client\n",
+    )
     assert rules.violations(tmp_path) == []
 
 

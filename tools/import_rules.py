@@ -16,7 +16,12 @@ independently; what crosses between them lives in ``encoderpool_contracts``. So:
   loads it by name), and the image build's cache filler nothing of ours (it runs as a
   plain script before encoderpool is installed);
 - the connector never imports kopf or the Kubernetes client (it installs into a vLLM
-  image), and the operator and router never import torch or vLLM.
+  image), and the operator and router never import torch or vLLM;
+- the operator is layered: what it renders (``render``, ``naming``) is a pure function
+  of the pool, so it imports neither the reconciler, the controller, the kopf wiring
+  (``handlers``), the cache, the API client (``kube``) nor kopf; the reconciler
+  (``reconcile``) never imports the controller or the kopf wiring; and the controller
+  (queue, workers, peering) never imports kopf: ``handlers`` wires kopf to it.
 
 Every ``import`` is read, including those inside functions. Run by tools/checks.sh:
 ``python tools/import_rules.py [root]``; prints each violation and exits 1 if any.
@@ -103,6 +108,31 @@ RULES = (
         "encoderpool_connector.programs.vllm_cache",
         ("encoderpool_connector", "encoderpool_contracts"),
         "the image build runs it as a plain script, before encoderpool is installed",
+    ),
+    *(
+        Rule(
+            f"encoderpool_operator.{layer}",
+            (
+                "encoderpool_operator.reconcile",
+                "encoderpool_operator.controller",
+                "encoderpool_operator.handlers",
+                "encoderpool_operator.cache",
+                "encoderpool_operator.kube",
+                "kopf",
+            ),
+            "rendering is a pure function of the pool: no reconciler, cluster or kopf",
+        )
+        for layer in ("render", "naming")
+    ),
+    Rule(
+        "encoderpool_operator.reconcile",
+        ("encoderpool_operator.controller", "encoderpool_operator.handlers"),
+        "the reconciler is called by the controller, never the other way",
+    ),
+    Rule(
+        "encoderpool_operator.controller",
+        ("kopf",),
+        "the controller runs without kopf: handlers.py wires kopf to it",
     ),
 )
 # Where each top-level package lives in the tree.
