@@ -55,7 +55,7 @@ def base_env(cpu: str | None = None) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     # One hash seed for an engine's spawned workers, as the operator renders for TP > 1
-    # pods (render.hash_seed): vLLM orders the start-up width measurement by a set.
+    # pods (render.pod.hash_seed): vLLM orders the start-up width measurement by a set.
     env.setdefault("PYTHONHASHSEED", "0")
     paths = [str(REPO / p) for p in ("contracts", "connector", "operator")] + [str(REPO)]
     if env.get("PYTHONPATH"):

@@ -57,8 +57,9 @@ class SharedVolumeSettings(Frozen):
         default=None,
         description="Threads that read one large entry (6 MiB or more) at once, each a "
         "part of it: the worker's own thread plus load_threads - 1 helpers made once per "
-        "worker. Unset: 2 when the worker may run on two CPUs or more, else 1. 1 reads "
-        "with the worker's thread alone.",
+        "worker; each part is at least 3 MiB. Unset: one per CPU the worker may use (its "
+        "affinity, lowered to the container's CPU limit), at most 8. 1 reads with the "
+        "worker's thread alone.",
     )
 
     @field_validator("root")

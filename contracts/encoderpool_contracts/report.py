@@ -6,7 +6,7 @@ it in a ConfigMap. Writer and reader share this module, so the payload cannot
 drift, and the Job needs no Kubernetes credentials. The report carries the
 model's fingerprint (what cache entries carry too); the operator names and
 shares the ConfigMap by a wider *report key* (the fingerprint plus the width
-Job's image and arguments, see ``render.report_key``), so pools that measure
+Job's image and arguments, see ``render.widths.report_key``), so pools that measure
 the same model the same way share one report.
 
 Every number is bounded: a report is read from a ConfigMap that anyone who may

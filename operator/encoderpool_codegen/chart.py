@@ -3,18 +3,21 @@
     python -m encoderpool_codegen.chart charts/encoderpool-operator          # write (make crds)
     python -m encoderpool_codegen.chart --check charts/encoderpool-operator  # 1 if stale
 
-It writes three files that must never be edited by hand, so that they cannot
-drift from their sources:
+It writes files that must never be edited by hand, so that they cannot drift
+from their sources:
 
 - ``values.schema.json`` from ``ChartValues``: Helm validates every install,
   upgrade, lint and template against it, so an unknown key or a bad value fails
   with a message naming it;
 - ``files/rbac.json`` from ``rbac.PERMISSIONS`` (the templates render it);
+- ``files/dashboard.json`` and ``files/alerts.json``, the pools' Grafana dashboard
+  and Prometheus alerts (``encoderpool_codegen.monitoring``);
 - ``crds/encoderpool.io_encoderpools.yaml``, byte-identical to ``crds/`` at the
   repository root (``encoderpool_codegen.crd``).
 
-``values.yaml`` is written by hand for its comments; tests/test_chart.py checks
-that it equals ``ChartValues()``'s defaults.
+``values.yaml`` is written by hand for its comments; tests/chart/test_chart.py checks
+that it equals ``ChartValues()``'s defaults, and that every derived file is what this
+module writes.
 """
 
 from __future__ import annotations

@@ -98,8 +98,9 @@ def test_answer_equals_monolithic_and_consumer_did_not_encode(
 def test_vllm_pods_start_from_the_images_model_class_cache(
     kind: KindCluster, pool: dict[str, Any]
 ) -> None:
-    """The image fills vLLM's model-class cache at build (encoderpool_connector.vllm_cache):
-    no pod spends ~10 s of CPU inspecting the model in a subprocess at start-up."""
+    """The image fills vLLM's model-class cache at build
+    (encoderpool_connector.programs.vllm_cache): no pod spends ~10 s of CPU inspecting the
+    model in a subprocess at start-up."""
     for component in ("producer", "consumer"):
         log = logs(kind, NS, POOL, component)
         assert f"{ARCH} from cache" in log, f"{component}: no model-class cache hit in its log"

@@ -20,9 +20,9 @@ strict field validation), and ``forbidden_fields`` refuses it naming the field.
 Refused fields that pruning would drop silently (seccomp, AppArmor and SELinux
 overrides, procMount, nodeName, projected service-account tokens, ...) are declared
 so CEL names them. Containers stay open (every container field is allowed but the
-vllm container's image, command and args), their securityContext closed. And the
-renderer applies the restricted security fields again after the merge, so the
-operator's values win whatever the template says.
+vllm container's image, command and args), their securityContext closed. And
+``render.vllm.vllm_deployment`` applies the restricted security fields again after the
+merge (``render.pod.restrict``), so the operator's values win whatever the template says.
 """
 
 from __future__ import annotations
