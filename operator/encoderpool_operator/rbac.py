@@ -36,8 +36,6 @@ class Permission:
     peering_object_only: bool = False
     # Held only so the operator may grant it to a child's Role; the operator never calls it.
     delegated: bool = False
-    # Used only on an upgrade from an older operator (the RBAC test does not upgrade).
-    upgrade_only: bool = False
     # Granted only with this autoscaling engine (the chart's autoscaling.engine).
     engine: Literal["keda", "hpa"] | None = None
 
@@ -221,11 +219,6 @@ PERMISSIONS: tuple[Permission, ...] = (
 # only these) from "every grant is used".
 DELEGATED: frozenset[tuple[str, str, str]] = frozenset(
     (p.group, p.resource, v) for p in PERMISSIONS if p.delegated for v in p.verbs
-)
-# Exercised only on an upgrade from an older operator (none is flagged: 0.1 is the first
-# release); the RBAC test exempts these from "every grant is used" as well.
-UPGRADE_ONLY: frozenset[tuple[str, str, str]] = frozenset(
-    (p.group, p.resource, v) for p in PERMISSIONS if p.upgrade_only for v in p.verbs
 )
 
 

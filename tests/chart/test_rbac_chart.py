@@ -7,8 +7,8 @@ env, authenticated as the chart's ServiceAccount (a TokenRequest token, not
 admin). They drive a pool through its life: width Job, Ready, scale, model
 change (stale width Job deleted), failover to the standby, deletion.
 Then the audit log must show no request of that ServiceAccount denied by RBAC,
-and every verb the chart grants must have been used (rbac.DELEGATED and
-rbac.UPGRADE_ONLY excepted).
+and every verb the chart grants must have been used (rbac.DELEGATED
+excepted).
 """
 
 from __future__ import annotations
@@ -386,7 +386,7 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
     used = used_permissions(events)
     granted = rbac.granted(scope)  # type: ignore[arg-type]
     assert used <= granted  # (no 403 says as much; this names what would be missing)
-    unused = granted - rbac.DELEGATED - rbac.UPGRADE_ONLY - used
+    unused = granted - rbac.DELEGATED - used
     assert unused == set(), "granted but never used"
     if scope == "namespace":  # nothing outside its own namespace, nothing cluster-scoped
         assert {e["objectRef"].get("namespace") for e in events if e.get("objectRef")} == {

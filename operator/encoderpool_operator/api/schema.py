@@ -65,12 +65,6 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str
     return entry
 
 
-def cel_extra(*rules: dict[str, str]) -> dict[str, Any]:
-    """`json_schema_extra` carrying CEL rules, for a schema built by hand (a model states
-    its rules in ``rules``)."""
-    return {"x-kubernetes-validations": list(rules)}
-
-
 M = TypeVar("M")
 
 
