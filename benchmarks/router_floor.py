@@ -1,12 +1,13 @@
 """What a 2 MB body's passes over memory cost on this machine, alone, in one process.
 
 ``router_load.py`` reports the router's CPU per 2 MB request under load (4-5 ms on
-the session 8 VM). This prints the floor under it: each O(size) pass the router makes
-over such a body, timed alone with warm caches (the body the router receives as
-256 KiB chunks, their join, the long value's UTF-8 decode, its BLAKE3 media key, and
-one send + receive of the body over loopback TCP, as to the consumer). Their sum is
-what the router would cost if nothing else ran; the gap to the loaded figure is the
-cache misses of 50 bodies in flight (100 MB, beyond any cache) and the HTTP stack.
+the 2-core VM of docs/benchmarks-router.md). This prints the floor under it: each
+O(size) pass the router makes over such a body, timed alone with warm caches (the
+body the router receives as 256 KiB chunks, their join, the long value's UTF-8
+decode, its BLAKE3 media key, and one send + receive of the body over loopback TCP,
+as to the consumer). Their sum is what the router would cost if nothing else ran;
+the gap to the loaded figure is the cache misses of 50 bodies in flight (100 MB,
+beyond any cache) and the HTTP stack.
 
     python benchmarks/router_floor.py [--mb 2] [--reps 200]
 
