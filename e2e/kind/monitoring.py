@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -257,8 +258,11 @@ class Prometheus:
     def query(self, promql: str) -> list[dict[str, Any]]:
         """An instant query's result vector; raises on a query Prometheus refuses."""
         q = urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(f"{self.url}/api/v1/query?{q}", timeout=30) as resp:
-            body = json.load(resp)
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v1/query?{q}", timeout=30) as resp:
+                body = json.load(resp)
+        except urllib.error.HTTPError as e:  # 400/422: a query Prometheus cannot run
+            raise RuntimeError(f"Prometheus refused {promql!r}: {e.read()[:500]!r}") from None
         if body.get("status") != "success":
             raise RuntimeError(f"Prometheus refused {promql!r}: {body}")
         return list(body["data"]["result"])

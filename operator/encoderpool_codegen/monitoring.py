@@ -33,6 +33,16 @@ class Panel:
     unit: str = "short"
     legend: str = ""
     description: str = ""
+    # More queries drawn on the panel, (expr, legend) each.
+    more: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def targets(self) -> tuple[tuple[str, str], ...]:
+        return ((self.expr, self.legend), *self.more)
+
+
+def _ec_rate(counter: str) -> str:
+    return f"sum(rate(encoderpool_ec_{counter}_total{{{POOL}}}{RATE}))"
 
 
 def _quantile(q: float, metric: str, extra: str = "") -> str:
@@ -95,17 +105,17 @@ PANELS: tuple[Panel, ...] = (
     ),
     Panel(
         "Encoder cache: hits, misses, rejected",
-        "sum by (__name__) (rate({__name__=~"
-        '"encoderpool_ec_(hits|misses|rejected)_total",' + POOL + "}" + RATE + "))",
+        _ec_rate("hits"),
         "ops",
-        "{{__name__}}",
+        "hits",
+        more=((_ec_rate("misses"), "misses"), (_ec_rate("rejected"), "rejected")),
     ),
     Panel(
         "Encoder cache: bytes published and evicted",
-        "sum by (__name__) (rate({__name__=~"
-        '"encoderpool_ec_(publish_bytes|evicted_bytes)_total",' + POOL + "}" + RATE + "))",
+        _ec_rate("publish_bytes"),
         "Bps",
-        "{{__name__}}",
+        "published",
+        more=((_ec_rate("evicted_bytes"), "evicted"),),
     ),
     Panel(
         "Connector: load and write time per item",
@@ -241,7 +251,10 @@ def dashboard() -> dict[str, Any]:
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
             "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
             "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
-            "targets": [{"refId": "A", "expr": p.expr, "legendFormat": p.legend}],
+            "targets": [
+                {"refId": chr(ord("A") + j), "expr": expr, "legendFormat": legend}
+                for j, (expr, legend) in enumerate(p.targets)
+            ],
         }
         for i, p in enumerate(PANELS)
     ]

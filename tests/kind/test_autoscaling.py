@@ -178,10 +178,11 @@ def test_every_dashboard_panel_returns_data_after_traffic(
     empty = []
     with monitoring.prometheus(kind) as prom:
         for panel in PANELS:
-            expr = panel.expr.replace("$namespace", NS).replace("$pool", POOL)
-            # The panels' 5m windows have seen the traffic above.
-            if not prom.query(expr):
-                empty.append(panel.title)
+            for expr, legend in panel.targets:
+                expr = expr.replace("$namespace", NS).replace("$pool", POOL)
+                # The panels' 5m windows have seen the traffic above.
+                if not prom.query(expr):
+                    empty.append(f"{panel.title}: {legend}")
     assert empty == [], f"panels without data: {empty}"
 
 

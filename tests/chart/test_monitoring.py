@@ -1,0 +1,103 @@
+"""The chart's dashboard and alerts on a real Prometheus (the test bed's build), quickly:
+every panel query and alert expression parses and runs, and the rule file loads.
+The kind test bed runs them again after traffic (tests/kind/test_autoscaling.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from encoderpool_codegen.monitoring import ALERTS, PANELS
+from tests.chart.fixtures import CHART, REPO
+from tests.waiting import wait_until
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    out = subprocess.run(
+        [str(REPO / "e2e" / "monitoring" / "build.sh")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    ).stdout.split()[-1]
+    work = tmp_path_factory.mktemp("prometheus")
+    (work / "alerts.yml").write_text((CHART / "files" / "alerts.json").read_text())
+    config = {"global": {"evaluation_interval": "1s"}, "rule_files": [str(work / "alerts.yml")]}
+    (work / "prometheus.yml").write_text(json.dumps(config))
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            str(Path(out) / "prometheus"),
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until("Prometheus ready", lambda: _ready(url, proc), timeout=60)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _ready(url: str, proc: subprocess.Popen[str]) -> bool:
+    if proc.poll() is not None:  # a rule file it cannot load stops it at start
+        raise AssertionError(f"Prometheus exited: {proc.stderr.read() if proc.stderr else ''}")
+    try:
+        with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _get(url: str, path: str, **query: str) -> Any:
+    q = urllib.parse.urlencode(query)
+    with urllib.request.urlopen(f"{url}{path}?{q}", timeout=10) as r:
+        return json.load(r)
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [e for p in PANELS for e, _ in p.targets],
+    ids=[f"{p.title}:{legend}" for p in PANELS for _, legend in p.targets],
+)
+def test_every_panel_query_runs(prometheus: str, expr: str) -> None:
+    expr = expr.replace("$namespace", "ns").replace("$pool", "pool")
+    assert _get(prometheus, "/api/v1/query", query=expr)["status"] == "success"
+
+
+def test_every_alert_loads_healthy(prometheus: str) -> None:
+    def evaluated() -> list[dict[str, Any]] | None:
+        groups = _get(prometheus, "/api/v1/rules", type="alert")["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        return (
+            rules
+            if rules and all(r.get("lastEvaluation", "").startswith("2") for r in rules)
+            else None
+        )
+
+    rules = wait_until("the rules evaluated", evaluated, timeout=30)
+    assert sorted(r["name"] for r in rules) == sorted(a.name for a in ALERTS)
+    for r in rules:
+        assert r["health"] == "ok", (r["name"], r.get("lastError"))
+        assert r["state"] == "inactive", r["name"]
