@@ -77,6 +77,7 @@ def test_keda_scaled_objects_per_role_with_the_pools_signals() -> None:
     assert demand["metadata"]["serverAddress"] == PROM
     assert ENCODER_UNSERVED_ITEMS in unserved["metadata"]["query"]
     assert unserved["metadata"]["activationThreshold"] == "0"  # any item wakes it
+    assert "[5m]" in unserved["metadata"]["query"]  # and keeps it up while its pod starts
     # Scale-down behaviour (default: 5 minutes, one pod a minute); KEDA's 1 -> 0 follows it.
     down = producer["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
     assert down["stabilizationWindowSeconds"] == 300

@@ -45,6 +45,11 @@ KEDA_API = "keda.sh/v1alpha1"
 HPA_API = "autoscaling/v2"
 # The window the rates are taken over: at least four samples at a 15 s scrape interval.
 RATE_WINDOW = "1m"
+# The window of the wake signal (items that found no producer): a group woken from zero
+# stays up at least this long. A vLLM encoder takes minutes to start; with a shorter
+# window the signal fades while the first pod loads, and the group sleeps again before
+# it ever serves (seen in kind under load: woken, then scaled to zero 80 s later).
+WAKE_WINDOW = "5m"
 # How often KEDA evaluates a trigger (its activation, 0 <-> 1, is KEDA's own loop; the
 # HPA controller does the rest on its sync period).
 KEDA_POLLING_SECONDS = 10
@@ -100,7 +105,7 @@ def producer_triggers(pool: EncoderPool, component: str, settings: Autoscaling) 
         ),
         Trigger(
             "encoder-unserved",
-            f"sum(rate({ENCODER_UNSERVED_ITEMS}{{{sel}}}[{RATE_WINDOW}])) or vector(0)",
+            f"sum(rate({ENCODER_UNSERVED_ITEMS}{{{sel}}}[{WAKE_WINDOW}])) or vector(0)",
             # Any unserved item asks for a producer; a few a second ask for as many more.
             1.0,
             HPA_ENCODER_UNSERVED,
