@@ -96,6 +96,7 @@ def child_refs(pool: EncoderPool, defaults: Defaults | None = None) -> list[Ref]
     """(apiVersion, kind, name) of what ``workload_objects`` returns, without a report.
 
     The reconcile reads these before it knows the report; a test keeps the two in step.
+    Without ``defaults`` no autoscaler is named (as for KEDA with no Prometheus).
     """
     refs: list[Ref] = []
     if cache_claim(pool) is not None:
@@ -107,7 +108,6 @@ def child_refs(pool: EncoderPool, defaults: Defaults | None = None) -> list[Ref]
     refs.append(("apps/v1", "Deployment", name_of(pool, CONSUMER)))
     refs += router_refs(pool)
     refs += [ref_of(p) for p in network_policies(pool)]
-    d = defaults or Defaults(router_image="")
-    if d.autoscaling_engine != "keda" or d.prometheus_address is not None:
-        refs += autoscaler_refs(pool, d.autoscaling_engine)
+    if defaults is not None:
+        refs += autoscaler_refs(pool, defaults.autoscaling_engine, defaults.prometheus_address)
     return refs

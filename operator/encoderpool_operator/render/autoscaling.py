@@ -269,19 +269,20 @@ def autoscaler_objects(
 ) -> list[dict[str, Any]]:
     """The autoscalers of ``pool``'s autoscaling roles (none when KEDA has no Prometheus
     to ask: plan reports that instead)."""
-    found = scalers(pool)
-    if engine == "keda":
-        if prometheus is None:
-            return []
-        return [scaled_object(pool, s, prometheus) for s in found]
-    return [horizontal_pod_autoscaler(pool, s) for s in found]
+    if engine == "hpa":
+        return [horizontal_pod_autoscaler(pool, s) for s in scalers(pool)]
+    if prometheus is None:
+        return []
+    return [scaled_object(pool, s, prometheus) for s in scalers(pool)]
 
 
-def autoscaler_refs(pool: EncoderPool, engine: Engine) -> list[Ref]:
-    api, kind = (
-        (KEDA_API, "ScaledObject") if engine == "keda" else (HPA_API, "HorizontalPodAutoscaler")
-    )
-    return [(api, kind, s.deployment) for s in scalers(pool)]
+def autoscaler_refs(pool: EncoderPool, engine: Engine, prometheus: str | None) -> list[Ref]:
+    """(apiVersion, kind, name) of what ``autoscaler_objects`` returns."""
+    if engine == "hpa":
+        return [(HPA_API, "HorizontalPodAutoscaler", s.deployment) for s in scalers(pool)]
+    if prometheus is None:
+        return []
+    return [(KEDA_API, "ScaledObject", s.deployment) for s in scalers(pool)]
 
 
 def autoscaling_problem(pool: EncoderPool, engine: Engine, prometheus: str | None) -> str | None:
