@@ -153,7 +153,7 @@ class Encoder:
         or ``reused``, by nobody, a producer having encoded it moments ago (the consumer
         finds the entry by hash, or encodes it if it is gone). ``local``: this request's
         items already left to the consumer. Every decision on a group is counted
-        (``demand.decide``); one that found no producer ready is the group's unserved
+        (``demand.record``); one that found no producer ready is the group's unserved
         demand, which wakes it from zero."""
         if backlog is None:
             return "local"
