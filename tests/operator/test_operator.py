@@ -10,6 +10,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
@@ -390,7 +391,8 @@ def test_an_operator_killed_mid_measurement_converges_when_restarted(
 def test_the_operator_exports_metrics(
     cluster: LocalCluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    ready_sample_pool(cluster, namespace)
+    pool = ready_sample_pool(cluster, namespace)
+    name = pool["metadata"]["name"]  # type: ignore[index]
 
     def scrape() -> str:
         with urllib.request.urlopen(operator.metrics_url, timeout=5) as r:
@@ -407,3 +409,26 @@ def test_the_operator_exports_metrics(
         r'encoderpool_operator_api_writes\{kind="Deployment",verb="PATCH"\} 3\.0', text
     )
     assert "encoderpool_operator_reconcile_seconds_count" in text
+    # Each pool's status as gauges, labelled with the pool (the chart's alerts read them).
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("pool") == name and s.labels.get("namespace") == namespace
+    }
+    pool_labels = (("namespace", namespace), ("pool", name))
+
+    def gauge(metric: str, **labels: str) -> float | None:
+        return samples.get((metric, tuple(sorted((*pool_labels, *labels.items())))))
+
+    condition = "encoderpool_operator_pool_condition"
+    ready = {"condition": "Ready", "status": "True", "reason": "AllAvailable"}
+    assert gauge(condition, **ready) == 1.0
+    assert gauge(condition, condition="WidthsMeasured", status="True", reason="Measured") == 1.0
+    replicas = "encoderpool_operator_pool_replicas"
+    status = pool["status"]
+    for role in ("producer", "consumer"):
+        counts = status[f"{role}s"]  # type: ignore[index]
+        assert gauge(replicas, role=role, state="desired") == counts["desired"]
+        assert gauge(replicas, role=role, state="ready") == counts["ready"]
+    assert gauge("encoderpool_operator_pool_encoder_width", modality="image") == 128.0

@@ -20,9 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any
 
-from encoderpool_operator.api import API_VERSION, KIND, READY
+from encoderpool_operator.api import API_VERSION, KIND
 from encoderpool_operator.cache import Cache, PassView, PoolKey
-from encoderpool_operator.conditions import find_condition
 from encoderpool_operator.controller import events
 from encoderpool_operator.controller.metrics import OperatorMetrics
 from encoderpool_operator.controller.peering import Peer, Standby
@@ -107,7 +106,7 @@ class Controller:
             self.status_written.pop(key, None)
             self.queue.forget(key)
             self.cache.overlay.forget(key)
-            self.metrics.set_ready(*key, None)
+            self.metrics.set_status(*key, None)
             return
         self.pools.add(key)
         if meta.get("generation") != (obj.get("status") or {}).get("observedGeneration"):
@@ -163,7 +162,7 @@ class Controller:
         packed = self.cache.pool(key)
         pool = packed.unpack() if packed else None
         if packed is None or pool is None or pool["metadata"].get("deletionTimestamp"):
-            self.metrics.set_ready(*key, None)
+            self.metrics.set_status(*key, None)
             return None
         loop = asyncio.get_running_loop()
         view = PassView(self.cache, loop, key, self.kube, pool["metadata"].get("uid"))
@@ -194,7 +193,7 @@ class Controller:
                 view.record((API_VERSION, KIND, name), written)
                 events.post(self.kube, pool, "Warning", "InvalidSpec", str(e))
             self.metrics.passes.labels(why, "invalid").inc()
-            self.metrics.set_ready(namespace, name, "False")
+            self.metrics.set_status(namespace, name, status)
             return None  # until the spec changes (its event marks the pool)
         except Exception:
             self.metrics.passes.labels(why, "error").inc()
@@ -203,8 +202,7 @@ class Controller:
             self.metrics.seconds.observe(time.monotonic() - started)
         if outcome.wrote_status:
             self.status_written[view.pool_key] = now
-        ready = find_condition(outcome.status.conditions, READY)
-        self.metrics.set_ready(namespace, name, ready.status if ready else "Unknown")
+        self.metrics.set_status(namespace, name, outcome.status)
         result = "settled" if outcome.requeue_after is None else "waiting"
         self.metrics.passes.labels(why, result).inc()
         for type_, reason, message in events.transition_events(pool, outcome.transitions):

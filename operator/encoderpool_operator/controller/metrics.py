@@ -1,7 +1,10 @@
 """Prometheus metrics of the operator, served on ``ENCODERPOOL_METRICS_PORT``.
 
 What a platform engineer asks of a controller: is it reconciling, how long does
-a pass take, does it write when nothing changes, and which pools are not Ready.
+a pass take, does it write when nothing changes, and which pools are not Ready. Each
+pool's conditions, replica counts and measured widths are gauges too, so the chart's
+alerts and dashboard read them from Prometheus (a width Job failing, a pool stalled).
+Only the replica that reconciles reports pools: a standby's pass never runs.
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from encoderpool_operator.api.status import READY, EncoderPoolStatus, ReplicaStatus
 from encoderpool_operator.controller.workqueue import WorkQueue
 from encoderpool_operator.kube import Kube
+
+PoolKey = tuple[str, str]
 
 
 class _Live(Collector):
@@ -55,10 +61,55 @@ class _Live(Collector):
             labels=["ready"],
         )
         with self.m.lock:
-            states = list(self.m.ready.values())
+            seen = sorted(self.m.status.items())
+        states = [_ready(status) for _, status in seen]
         for state in ("True", "False", "Unknown"):
             pools.add_metric([state], states.count(state))
         yield pools
+        yield from _pool_families(seen)
+
+
+def _ready(status: EncoderPoolStatus) -> str:
+    found = [c for c in status.conditions if c.type == READY]
+    return found[0].status if found else "Unknown"
+
+
+def _pool_families(seen: list[tuple[PoolKey, EncoderPoolStatus]]) -> Iterator[GaugeMetricFamily]:
+    """Each pool's status as gauges; label names match the pods' series (``namespace``,
+    ``pool``), so a scrape must keep them (``honor_labels``, as for kube-state-metrics)."""
+    conditions = GaugeMetricFamily(
+        "encoderpool_operator_pool_condition",
+        "1 for each condition of each pool, with its status and reason (as in the pool's "
+        "status.conditions).",
+        labels=["namespace", "pool", "condition", "status", "reason"],
+    )
+    replicas = GaugeMetricFamily(
+        "encoderpool_operator_pool_replicas",
+        "Pods per role of each pool: desired (the spec or its autoscaler) and ready.",
+        labels=["namespace", "pool", "role", "state"],
+    )
+    widths = GaugeMetricFamily(
+        "encoderpool_operator_pool_encoder_width",
+        "The encoder output width measured for each pool, per modality.",
+        labels=["namespace", "pool", "modality"],
+    )
+    for (namespace, name), status in seen:
+        for c in status.conditions:
+            conditions.add_metric([namespace, name, c.type, c.status, c.reason], 1)
+        roles: tuple[tuple[str, ReplicaStatus | None], ...] = (
+            ("producer", status.producers),
+            ("consumer", status.consumers),
+            ("router", status.router),
+        )
+        for role, counts in roles:
+            if counts is not None:
+                replicas.add_metric([namespace, name, role, "desired"], counts.desired)
+                replicas.add_metric([namespace, name, role, "ready"], counts.ready)
+        for modality, width in sorted(status.encoder_output_widths.items()):
+            widths.add_metric([namespace, name, modality], width)
+    yield conditions
+    yield replicas
+    yield widths
 
 
 class OperatorMetrics:
@@ -67,7 +118,7 @@ class OperatorMetrics:
         self.kube: Kube | None = None
         self.queue: WorkQueue[tuple[str, str]] | None = None
         self.lock = threading.Lock()
-        self.ready: dict[tuple[str, str], str] = {}
+        self.status: dict[PoolKey, EncoderPoolStatus] = {}
         self.passes = Counter(
             "encoderpool_operator_reconciles",
             "Reconcile passes, by what triggered them and how they ended.",
@@ -82,12 +133,13 @@ class OperatorMetrics:
         )
         self.registry.register(_Live(self))
 
-    def set_ready(self, namespace: str, name: str, status: str | None) -> None:
+    def set_status(self, namespace: str, name: str, status: EncoderPoolStatus | None) -> None:
+        """The pool's status as its last pass computed it; None: the pool is gone."""
         with self.lock:
             if status is None:
-                self.ready.pop((namespace, name), None)
+                self.status.pop((namespace, name), None)
             else:
-                self.ready[(namespace, name)] = status
+                self.status[(namespace, name)] = status
 
     def serve(self, port: int, addr: str) -> None:
         start_http_server(port, addr=addr, registry=self.registry)
