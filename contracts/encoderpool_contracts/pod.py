@@ -12,6 +12,10 @@ VLLM_API_KEY_ENV = "VLLM_API_KEY"
 ADVERTISE_HOST_ENV = "ENCODERPOOL_ADVERTISE_HOST"
 # What `vllm serve --middleware` loads: every route but /health and /metrics needs the key.
 API_GUARD_MIDDLEWARE = "encoderpool_connector.programs.api_guard.RequireApiKey"
+# Shared-volume pods also load this one: the cache volume's free space and files on the
+# server's /metrics, measured at scrape time in the directory ``CACHE_DIR_ENV`` names.
+VOLUME_METRICS_MIDDLEWARE = "encoderpool_connector.programs.volume_metrics.VolumeMetrics"
+CACHE_DIR_ENV = "ENCODERPOOL_CACHE_DIR"
 
 # The out-of-tree connector class and the module vLLM imports it from, per transport
 # (each class name unique: vLLM's factory looks its built-ins up first).

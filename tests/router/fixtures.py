@@ -38,6 +38,7 @@ from e2e.vllm_server import (
     stop_all,
 )
 from encoderpool_contracts import API_GUARD_MIDDLEWARE as API_GUARD
+from encoderpool_contracts.pod import CACHE_DIR_ENV, VOLUME_METRICS_MIDDLEWARE
 from encoderpool_router.app import Router, build_app
 from encoderpool_router.config import RouterSettings
 from tests.connector.fixtures import LOGGING_CONFIG
@@ -419,6 +420,9 @@ def router_pool(tiny_model: Path, logs: Path, work: Path) -> Iterator[RouterPool
     def server(role: str, cpu: str, ec_role: str) -> VllmServer:
         env = {**base_env(cpu), "VLLM_LOGGING_CONFIG_PATH": str(logging_config)}
         guard, env = keyed(env)
+        # As the operator renders a shared-volume pod: the volume's gauges on /metrics.
+        guard += ["--middleware", VOLUME_METRICS_MIDDLEWARE]
+        env[CACHE_DIR_ENV] = str(store)
         args = ["--ec-transfer-config", ec_transfer_config(name, ec_role, extra, module), *guard]
         log = logs / f"router-{os.getpid()}-{role}.log"
         return VllmServer(name=role, model=tiny_model, log_path=log, args=args, env=env)

@@ -12,6 +12,7 @@ producer-kill test stops the producer, so it runs after the package's other test
 from __future__ import annotations
 
 import json
+import os
 import socket
 import urllib.error
 import urllib.request
@@ -287,6 +288,31 @@ def test_a_client_at_its_share_gets_429_while_another_is_answered_as_monolithic(
 
 
 @pytest.mark.breaks_shared_servers
+def scrape(url: str) -> dict[str, float]:
+    """Unlabelled samples of a server's /metrics (the volume's gauges have no labels)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if line and not line.startswith("#") and "{" not in name:
+            samples[name] = float(value)
+    return samples
+
+
+def test_vllm_servers_report_the_cache_volume_s_space_and_files(epd: Epd) -> None:
+    """The middleware the operator adds to shared-volume pods, loaded by vLLM itself."""
+    for server in (epd.producer, epd.consumer):
+        st = os.statvfs(epd.store)
+        got = scrape(server.url)
+        assert got["encoderpool_ec_volume_size_bytes"] == st.f_blocks * st.f_frsize
+        assert got["encoderpool_ec_volume_files"] == st.f_files
+        # Free space moves with whatever else writes on this disk: near, not equal.
+        free = st.f_bavail * st.f_frsize
+        assert abs(got["encoderpool_ec_volume_available_bytes"] - free) < 0.05 * free + 2**26
+        assert 0 < got["encoderpool_ec_volume_files_available"] <= st.f_files
+
+
 def test_a_killed_producer_leaves_encoding_to_the_consumer(epd: Epd) -> None:
     """Last in the package: it stops the shared producer."""
     images = [image(300 + i) for i in range(6)]

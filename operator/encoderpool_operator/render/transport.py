@@ -4,8 +4,9 @@ The rest of rendering asks this module and never branches on the transport
 itself, so one place says what each transport needs of the pool's objects:
 
     sharedVolume  the cache PVC (unless an existing claim is named), mounted in
-                  every vLLM pod; the router may skip producers for items
-                  encoded a moment ago (the entry is still on the volume)
+                  every vLLM pod, whose servers report its free space; the router
+                  may skip producers for items encoded a moment ago (the entry is
+                  still on the volume)
     rdma          pod networks, UCX env, the NIC's extended resource, a sized
                   /dev/shm, IPC_LOCK, the NIXL side-channel port; consumers may
                   reach producers (they READ from them)
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from encoderpool_contracts import ADVERTISE_HOST_ENV
+from encoderpool_contracts.pod import CACHE_DIR_ENV, VOLUME_METRICS_MIDDLEWARE
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.naming import CACHE, child_meta, name_of
 
@@ -40,6 +42,7 @@ class VllmPodTransport:
     mounts: list[dict[str, Any]] = field(default_factory=list)
     capabilities: tuple[str, ...] = ()  # added to the vllm container's (all else dropped)
     ports: list[dict[str, Any]] = field(default_factory=list)  # after the http port
+    middleware: tuple[str, ...] = ()  # `vllm serve --middleware`, after the API guard
 
 
 def vllm_pod(pool: EncoderPool) -> VllmPodTransport:
@@ -50,6 +53,9 @@ def vllm_pod(pool: EncoderPool) -> VllmPodTransport:
         return VllmPodTransport(
             volumes=[{"name": "ec-cache", "persistentVolumeClaim": {"claimName": claim}}],
             mounts=[{"name": "ec-cache", "mountPath": shared.mount_path}],
+            # The volume's free bytes and files on /metrics (alerts: nearly full).
+            env=[{"name": CACHE_DIR_ENV, "value": shared.mount_path}],
+            middleware=(VOLUME_METRICS_MIDDLEWARE,),
         )
     rdma = pool.spec.connector.rdma
     assert rdma is not None  # exactly one transport (ConnectorSpec validates it)

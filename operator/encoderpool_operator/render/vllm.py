@@ -82,6 +82,8 @@ def vllm_args(pool: EncoderPool, role: str, config: ConnectorConfig) -> list[str
         # leaves /invocations, /tokenize and more open).
         "--middleware", API_GUARD_MIDDLEWARE,
     ]  # fmt: skip
+    for middleware in transport.vllm_pod(pool).middleware:
+        args += ["--middleware", middleware]
     if spec.model.revision:
         args += ["--revision", spec.model.revision]
     if spec.model.limit_mm_per_prompt:
