@@ -233,12 +233,14 @@ class Encoder:
             ) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
-                    # A 4xx is the item's (an undecodable image): ejecting the producer
-                    # for it would let one client's bad item cost every client its encodes.
+                    # A 4xx but 401/403 is the item's (an undecodable image): ejecting the
+                    # producer for it, or counting it as the producer's failure, would let
+                    # one client's bad item cost every client its encodes or page a person.
+                    items_fault = 400 <= resp.status < 500 and resp.status not in (401, 403)
                     raise UpstreamError(
-                        "producer_error",
+                        "producer_refused_item" if items_fault else "producer_error",
                         f"HTTP {resp.status}: {raw[:200]!r}",
-                        eject=not 400 <= resp.status < 500,
+                        eject=not items_fault,
                     )
         except TimeoutError:
             raise UpstreamError(

@@ -22,7 +22,9 @@ ERROR_KINDS = (
     "producer_saturated",  # no producer slot free within --producer-timeout-s (consumer encodes)
     "producer_unavailable",  # no producer known: items encoded by the consumer
     "producer_timeout",  # a producer took longer than --producer-timeout-s
-    "producer_error",  # a producer refused, failed, or answered without ec_transfer_params
+    "producer_error",  # a producer failed, refused the pool's key (401/403), or answered
+    # without ec_transfer_params; the producer is ejected
+    "producer_refused_item",  # a producer answered 4xx for the item itself (not ejected)
     "consumer_unavailable",  # no consumer known: the client gets 503
     "consumer_error",  # a consumer could not be reached or answered 5xx
     "consumer_timeout",  # a consumer was silent longer than its timeouts

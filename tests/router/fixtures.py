@@ -101,7 +101,8 @@ class Seen:
 class FakeBackend:
     """A producer or consumer speaking just enough OpenAI for the router.
 
-    ``mode``: ok | error (500) | unavailable (503) | bad_request (400) | hang
+    ``mode``: ok | error (500) | unavailable (503) | bad_request (400) | unauthorized
+    (401: the pool's key refused) | hang
     (never answers) | no_params (a producer answering without ec_transfer_params)
     | stream_break (a consumer stream that stops mid-way).
     """
@@ -142,8 +143,9 @@ class FakeBackend:
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
-        if self.mode in ("error", "unavailable", "bad_request"):
-            status = {"error": 500, "unavailable": 503, "bad_request": 400}[self.mode]
+        statuses = {"error": 500, "unavailable": 503, "bad_request": 400, "unauthorized": 401}
+        if self.mode in statuses:
+            status = statuses[self.mode]
             return web.json_response({"error": {"message": self.mode}}, status=status)
         if self.name.startswith("producer"):
             return self._encoded(body)

@@ -101,7 +101,7 @@ def test_a_clients_ec_transfer_params_are_dropped() -> None:
     run(scenario())
 
 
-@pytest.mark.parametrize("mode", ["error", "hang", "no_params", "down"])
+@pytest.mark.parametrize("mode", ["error", "hang", "no_params", "down", "unauthorized"])
 def test_a_failing_producer_leaves_the_item_to_the_consumer(mode: str) -> None:
     body = chat_request(image(1), image(2))
 
@@ -753,6 +753,10 @@ def test_a_producer_refusing_an_item_is_not_ejected() -> None:
             assert status == 200
             assert out["ec_transfer_params_seen"] is None
             assert router.producers.backends[0].ejected_until == 0.0
+            # Counted as the item's, not as a producer failure (the alert reads that one).
+            errors = "encoderpool_router_errors_total"
+            assert sample(router, errors, kind="producer_refused_item") == 1
+            assert sample(router, errors, kind="producer_error") == 0
             p.mode = "ok"
             status, out, _ = await post(url + "/v1/chat/completions", chat_request(image(2)))
             assert status == 200
