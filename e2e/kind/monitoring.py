@@ -6,7 +6,8 @@ Both are built here from their Go modules (``e2e/monitoring/build.sh``) into one
 Prometheus from the objects below: one server that scrapes every encoderpool pod and
 labels each series with ``namespace``, ``pod``, ``pool`` and ``component`` — the labels
 the pool's autoscaling queries select by (docs/autoscaling.md shows the same scrape
-configuration for a cluster's own Prometheus).
+configuration for a cluster's own Prometheus) — and the operator, whose pool gauges keep
+their own ``namespace`` and ``pool`` labels.
 """
 
 from __future__ import annotations
@@ -67,7 +68,25 @@ SCRAPE_CONFIG: dict[str, Any] = {
                     "target_label": "component",
                 },
             ],
-        }
+        },
+        {
+            # The operator's pool gauges carry each pool's namespace and name, as the
+            # chart's ServiceMonitor keeps them (honorLabels).
+            "job_name": "encoderpool-operator",
+            "honor_labels": True,
+            "kubernetes_sd_configs": [{"role": "pod"}],
+            "relabel_configs": [
+                {
+                    "source_labels": [
+                        "__meta_kubernetes_pod_label_app_kubernetes_io_name",
+                        "__meta_kubernetes_pod_container_port_name",
+                    ],
+                    "regex": "encoderpool-operator;metrics",
+                    "action": "keep",
+                },
+                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            ],
+        },
     ],
 }
 

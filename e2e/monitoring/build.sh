@@ -2,7 +2,8 @@
 # Build the test bed's monitoring and autoscaling parts from the Go module proxy into a
 # cache outside the repo, keyed by their versions and the Go version, so a second run
 # costs nothing:
-#   prometheus            (github.com/prometheus/prometheus, the v3 server)
+#   prometheus, promtool  (github.com/prometheus/prometheus: the v3 server, and the tool whose
+#                         `test rules` unit-tests the chart's alerts)
 #   keda, keda-adapter    (github.com/kedacore/keda/v2: operator and metrics API server)
 #   kstatus               (a small CLI around sigs.k8s.io/cli-utils' kstatus, Flux's health library)
 # Usage: e2e/monitoring/build.sh   -> prints the bin dir on its last line
@@ -17,7 +18,7 @@ export CGO_ENABLED=0 GOTOOLCHAIN=local GOWORK=off
 gover=$(go env GOVERSION)
 key="prometheus-$PROMETHEUS_VERSION-keda-$KEDA_VERSION-cliutils-$CLI_UTILS_VERSION-$gover"
 out="$cache/bin/$key"
-want=(prometheus keda keda-adapter kstatus)
+want=(prometheus promtool keda keda-adapter kstatus)
 
 have_all() { for b in "${want[@]}"; do [ -x "$out/$b" ] || return 1; done; }
 if have_all; then echo "$out"; exit 0; fi
@@ -50,6 +51,14 @@ build_prometheus() {
     -ldflags "-s -w -X $V.Version=$PROMETHEUS_VERSION" -o "$out/prometheus" ./cmd/prometheus
 }
 
+build_promtool() {  # after the server: most of its packages are then in Go's build cache
+  local w; w=$(module_copy github.com/prometheus/prometheus "$PROMETHEUS_VERSION")
+  cd "$w"
+  local V=github.com/prometheus/common/version
+  GOFLAGS=-mod=mod go build -trimpath -tags remove_all_sd,enable_kubernetes_sd \
+    -ldflags "-s -w -X $V.Version=$PROMETHEUS_VERSION" -o "$out/promtool" ./cmd/promtool
+}
+
 build_keda() {
   local w; w=$(module_copy github.com/kedacore/keda/v2 "$KEDA_VERSION")
   cd "$w"
@@ -69,6 +78,7 @@ build_kstatus() {
 
 [ -x "$out/kstatus" ] || { log "building kstatus (cli-utils v$CLI_UTILS_VERSION)"; (build_kstatus); }
 [ -x "$out/prometheus" ] || { log "building Prometheus v$PROMETHEUS_VERSION (10-25 min cold on 2 cores)"; (build_prometheus); }
+[ -x "$out/promtool" ] || { log "building promtool v$PROMETHEUS_VERSION"; (build_promtool); }
 [ -x "$out/keda" ] && [ -x "$out/keda-adapter" ] || { log "building KEDA v$KEDA_VERSION (20-40 min cold on 2 cores)"; (build_keda); }
 have_all || { log "some binaries are missing from $out"; exit 1; }
 echo "$out"

@@ -125,6 +125,35 @@ PANELS: tuple[Panel, ...] = (
         "load",
     ),
     Panel(
+        "Cache volume: space and files left",
+        f"min(encoderpool_ec_volume_available_bytes{{{POOL}}}) / "
+        f"min(encoderpool_ec_volume_size_bytes{{{POOL}}})",
+        "percentunit",
+        "space",
+        "Shared volume only: what the pods can still write. Full, every save fails.",
+        more=(
+            (
+                f"min(encoderpool_ec_volume_files_available{{{POOL}}}) / "
+                f"min(encoderpool_ec_volume_files{{{POOL}}})",
+                "files",
+            ),
+        ),
+    ),
+    Panel(
+        "Replicas per role: desired and ready",
+        f"max by (role, state) (encoderpool_operator_pool_replicas{{{POOL}}})",
+        "short",
+        "{{role}} {{state}}",
+        "From the pool's status (the operator): desired is the spec's or its autoscaler's.",
+    ),
+    Panel(
+        "Encoder output width (measured)",
+        f"max by (modality) (encoderpool_operator_pool_encoder_width{{{POOL}}})",
+        "short",
+        "{{modality}}",
+        "What the width Job measured; a change of model re-measures.",
+    ),
+    Panel(
         "Pods per role (ready backends the router sees)",
         f"sum by (role) (encoderpool_router_backends{{{POOL}}})",
         "short",
@@ -161,6 +190,16 @@ def _ratio(num: str, den: str) -> str:
 
 
 BY_POOL = "sum by (namespace, pool)"
+# The operator's condition gauge, one series per pool and condition (only the active
+# replica reports pools; ``max`` also folds a standby's empty scrape away).
+_CONDITION = "max by (namespace, pool) (encoderpool_operator_pool_condition{{{}}})"
+_WIDTH_REASONS = "WidthJobFailed|WidthReportInvalid"
+
+
+def _volume_left(left: str, total: str) -> str:
+    return _ratio(f"min by (namespace, pool) ({left})", f"min by (namespace, pool) ({total})")
+
+
 ALERTS: tuple[Alert, ...] = (
     Alert(
         "EncoderPoolNoConsumerReady",
@@ -202,6 +241,38 @@ ALERTS: tuple[Alert, ...] = (
         "info",
         "Pool {{ $labels.namespace }}/{{ $labels.pool }}: the encoder cache has been full "
         "and evicting for 30 minutes; raise connector.sharedVolume.capacity for more reuse.",
+    ),
+    Alert(
+        "EncoderPoolWidthMeasurementFailing",
+        _CONDITION.format(f'condition="WidthsMeasured",status="False",reason=~"{_WIDTH_REASONS}"')
+        + " == 1",
+        "1m",
+        "critical",
+        "Pool {{ $labels.namespace }}/{{ $labels.pool }}: its width Job failed or wrote an "
+        "invalid report, so the pool cannot start; `kubectl describe epool` and the Job's "
+        "logs say why (often the model's path or the image).",
+    ),
+    Alert(
+        "EncoderPoolStalled",
+        _CONDITION.format(f'condition="Stalled",status="True",reason!~"{_WIDTH_REASONS}"')
+        + " == 1",
+        "10m",
+        "warning",
+        "Pool {{ $labels.namespace }}/{{ $labels.pool }} needs a person: its Stalled "
+        "condition names the reason (docs/operations.md lists each and what to do).",
+    ),
+    Alert(
+        "EncoderPoolCacheVolumeNearlyFull",
+        "("
+        + _volume_left("encoderpool_ec_volume_available_bytes", "encoderpool_ec_volume_size_bytes")
+        + " < 0.1) or ("
+        + _volume_left("encoderpool_ec_volume_files_available", "encoderpool_ec_volume_files")
+        + " < 0.1)",
+        "5m",
+        "warning",
+        "Pool {{ $labels.namespace }}/{{ $labels.pool }}: under 10% of its cache volume's "
+        "space or files is left; when it is full every save fails and consumers encode "
+        "each item themselves. Grow the volume or lower connector.sharedVolume.capacity.",
     ),
     Alert(
         "EncoderPoolRouter5xx",

@@ -309,6 +309,8 @@ def test_service_monitor_scrapes_the_metrics_services_port() -> None:
         "scheme": "http",
         "interval": "1m",
         "scrapeTimeout": "20s",
+        # The pool gauges carry the pool's own namespace label, not the operator's.
+        "honorLabels": True,
     }
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     # ... which forwards to the container port of that name.
