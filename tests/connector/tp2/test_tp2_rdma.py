@@ -21,9 +21,12 @@ import pytest
 from e2e.media import chat_request, encoder_request, image, image_part, token_ids
 from e2e.vllm_server import VllmServer, free_port, tensor_parallel
 from encoderpool_connector.core.ranks import FAULT_ENV
+from encoderpool_connector.rdma.channel import WireError, fetch_peer
+from encoderpool_contracts.integrity import AuthError, ChannelKey
 from tests.connector.fixtures import EpFactory, metric, tiny_fingerprint
 from tests.connector.rdma.fixtures import CONNECTOR, MODULE, UCX_ENV, rdma_config
 from tests.router.fixtures import encoded_hashes
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -34,6 +37,7 @@ class Tp2Pool:
     producer: VllmServer
     consumer: VllmServer
     fault: Path  # while it exists, the consumer's rank 1 fails its loads
+    side_channel_port: int  # the producer's
 
     def encode(self, png: bytes) -> tuple[str, dict[str, Any]]:
         out = self.producer.chat(encoder_request(image_part(png)))
@@ -43,9 +47,19 @@ class Tp2Pool:
         assert item["encoderpool"]["rdma"], item  # rank 0 filled the slot in time
         # Sent at once after an encode, a consumer's side-channel fetch or READ timed out
         # here (nine engine processes on two cores starve the engine cores' threads;
-        # docs/connector.md, "Known limits"); two seconds later it did not.
-        time.sleep(2)
+        # docs/connector.md, "Known limits"); a few seconds later it did not. So the item
+        # goes to the consumer once the producer's side channel (a thread beside its
+        # NIXL progress thread) answers a real fetch within a second again.
+        wait_until("the producer's side channel answers within 1 s", self.side_channel_answers)
         return mm_hash, params
+
+    def side_channel_answers(self) -> bool:
+        started = time.monotonic()
+        try:
+            fetch_peer("127.0.0.1", self.side_channel_port, 1.0, ChannelKey.from_env(UCX_ENV))
+        except (OSError, WireError, AuthError):
+            return False
+        return time.monotonic() - started < 1.0
 
     def consume(self, png: bytes, params: dict[str, Any]) -> list[int]:
         return token_ids(self.consumer.chat({**chat_request(png), "ec_transfer_params": params}))
@@ -62,12 +76,14 @@ def tp2(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Tp2Pool:
     fault = tmp_path_factory.mktemp("tp2-rdma") / "fail-rank-1"
-    # Nine engine processes share two cores here: give the side channel and READs slack.
+    # Nine engine processes share two cores here, beside the kind suite's cluster: give
+    # the side channel and READs slack (a deadline is only waited out when starved).
+    port = free_port()
     extra = rdma_config(
         tiny_fingerprint(tiny_model, tensor_parallel_size=2),
-        free_port(),
-        metadata_timeout_ms=3000,
-        transfer_timeout_ms=5000,
+        port,
+        metadata_timeout_ms=10000,
+        transfer_timeout_ms=20000,
     )
     args, env = tensor_parallel(2)
     kw: dict[str, Any] = {"connector": CONNECTOR, "module": MODULE, "args": args}
@@ -80,7 +96,7 @@ def tp2(
         server = ep_servers(name, role=role, extra=extra, env=more, **kw)
         servers.append(server.wait_ready(300))
     producer, consumer = servers
-    pool = Tp2Pool(mono_tp2, producer, consumer, fault)
+    pool = Tp2Pool(mono_tp2, producer, consumer, fault, port)
     # Warm-up: the consumer's first side-channel fetch of this producer; later items reuse
     # the fetched metadata and only READ.
     png = image(719)
