@@ -9,6 +9,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from encoderpool_router.discovery import IGNORED_REASONS
 from encoderpool_router.policy import CONSUMER_CHOICES
+from encoderpool_router.protocol import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
+
+# The 5xx codes the router answers with itself (its own fault, no consumer, a consumer's
+# fault passed on), pre-created per endpoint with 200.
+OUTAGE_CODES = ("200", "500", "502", "503")
 
 # Every error kind the router counts; pre-created so dashboards see zeros, not gaps.
 ERROR_KINDS = (
@@ -114,7 +119,14 @@ class RouterMetrics:
         self.consumers_in_flight = self.in_flight.labels("consumer")
         self.consumer_first_byte = self.consumer_latency.labels("first_byte")
         self.consumer_total = self.consumer_latency.labels("total")
-        self._requests: dict[tuple[str, str], Any] = {}
+        # The answers of an outage, per endpoint, from the start: a child born at its first
+        # request counts every request before its first scrape nowhere in rate(), so a
+        # burst of 503s (no consumer) would never reach the 5xx alert.
+        self._requests: dict[tuple[str, str], Any] = {
+            (path, code): self.requests.labels(path, code)
+            for path in (CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH)
+            for code in OUTAGE_CODES
+        }
 
     def slice_ignored(self, reason: str) -> None:
         """Count an EndpointSlice (or Service) the watchers would not use (any thread)."""

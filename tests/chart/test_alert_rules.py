@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from e2e.kind.monitoring import tools_dir
 from encoderpool_codegen.monitoring import ALERTS
 from encoderpool_contracts.signals import DISPATCH_DECISIONS, ENCODER_UNSERVED_ITEMS
-from tests.chart.fixtures import CHART, REPO
+from tests.chart.fixtures import CHART
 
 NS, POOL = "team-a", "vl"
 AT = f'namespace="{NS}",pool="{POOL}"'
@@ -151,14 +152,7 @@ def _group(series: dict[str, str], firing: str | None) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def promtool() -> Path:
-    out = subprocess.run(
-        [str(REPO / "e2e" / "monitoring" / "build.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    ).stdout.split()[-1]
-    return Path(out) / "promtool"
+    return tools_dir() / "promtool"
 
 
 @pytest.mark.parametrize("alert", sorted(CASES))

@@ -10,13 +10,13 @@ import subprocess
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from e2e.kind.monitoring import tools_dir
 from encoderpool_codegen.monitoring import ALERTS, PANELS
-from tests.chart.fixtures import CHART, REPO
+from tests.chart.fixtures import CHART
 from tests.waiting import wait_until
 
 
@@ -28,13 +28,6 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    out = subprocess.run(
-        [str(REPO / "e2e" / "monitoring" / "build.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    ).stdout.split()[-1]
     work = tmp_path_factory.mktemp("prometheus")
     (work / "alerts.yml").write_text((CHART / "files" / "alerts.json").read_text())
     config = {"global": {"evaluation_interval": "1s"}, "rule_files": [str(work / "alerts.yml")]}
@@ -42,7 +35,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     proc = subprocess.Popen(
         [
-            str(Path(out) / "prometheus"),
+            str(tools_dir() / "prometheus"),
             f"--config.file={work / 'prometheus.yml'}",
             f"--storage.tsdb.path={work / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from e2e.kind.monitoring import tools_dir
 from encoderpool_operator.api import READY, ConditionUpdate
 from encoderpool_operator.conditions import PROBLEM_REASONS, set_condition, with_kstatus
 from encoderpool_operator.reconcile.plan import invalid_status, plan
@@ -33,14 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def kstatus() -> Path:
-    out = subprocess.run(
-        [str(REPO / "e2e" / "monitoring" / "build.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    ).stdout.split()[-1]
-    return Path(out) / "kstatus"
+    return tools_dir() / "kstatus"
 
 
 def compute(kstatus: Path, obj: dict[str, Any]) -> tuple[str, str]:
