@@ -210,6 +210,12 @@ class KindCluster:
     def get(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", "-o", "json", *args))
 
+    def node_exec(self, *cmd: str, timeout: float = 120) -> str:
+        """Run ``cmd`` on the node (its container, as root), e.g. to mount or fill a volume."""
+        return run(
+            ["docker", "exec", f"{self.name}-control-plane", *cmd], env=self.env, timeout=timeout
+        ).stdout
+
     def namespace(self, name: str) -> None:
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 

@@ -7,7 +7,9 @@ Prometheus from the objects below: one server that scrapes every encoderpool pod
 labels each series with ``namespace``, ``pod``, ``pool`` and ``component`` — the labels
 the pool's autoscaling queries select by (docs/autoscaling.md shows the same scrape
 configuration for a cluster's own Prometheus) — and the operator, whose pool gauges keep
-their own ``namespace`` and ``pool`` labels.
+their own ``namespace`` and ``pool`` labels. It loads the chart's alerts with their
+expressions unchanged and each ``for`` cut to ``TEST_BED_FOR``, so a test sees an induced
+fault fire within a minute (tests/chart/test_alert_rules.py tests the real ``for``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ KEDA_NS = "keda"
 PROMETHEUS_PORT = 9090
 # How often the test bed's Prometheus scrapes: short, so a test sees load within seconds.
 SCRAPE_INTERVAL = "5s"
+TEST_BED_FOR = "15s"
 
 SCRAPE_CONFIG: dict[str, Any] = {
     "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
@@ -91,10 +94,26 @@ SCRAPE_CONFIG: dict[str, Any] = {
 }
 
 
+def tools_dir() -> Path:
+    """The folder of the built prometheus, promtool, keda and kstatus (``build.sh``: built
+    once, then found by its versions' key)."""
+    out = run([MONITORING_DIR / "build.sh"], timeout=3600).stdout.split()[-1]
+    return Path(out)
+
+
 def build_image(env: Mapping[str, str]) -> str:
     """The monitoring image (built, or found cached by content)."""
     out = key_values(run([MONITORING_DIR / "image.sh"], env=env, timeout=5400).stdout)
     return out["MONITORING_IMAGE"]
+
+
+def test_bed_rules() -> str:
+    """The chart's rule file with every ``for`` at ``TEST_BED_FOR``."""
+    rules = json.loads(ALERTS.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule["for"] = TEST_BED_FOR
+    return json.dumps(rules, indent=1)
 
 
 def prometheus_objects(image: str) -> list[dict[str, Any]]:
@@ -128,7 +147,7 @@ def prometheus_objects(image: str) -> list[dict[str, Any]]:
             "metadata": meta,
             "data": {
                 "prometheus.yml": json.dumps(SCRAPE_CONFIG, indent=1),
-                "alerts.yml": ALERTS.read_text(),  # JSON is YAML
+                "alerts.yml": test_bed_rules(),  # JSON is YAML
             },
         },
         {
@@ -291,6 +310,18 @@ class Prometheus:
         with urllib.request.urlopen(f"{self.url}/api/v1/rules?type=alert", timeout=30) as resp:
             body = json.load(resp)
         return [r for g in body["data"]["groups"] for r in g["rules"]]
+
+    def firing(self, alert: str, namespace: str, pool: str) -> bool:
+        """Whether ``alert`` fires for the pool (past its ``for``, not just pending)."""
+        with urllib.request.urlopen(f"{self.url}/api/v1/alerts", timeout=30) as resp:
+            body = json.load(resp)
+        return any(
+            a["state"] == "firing"
+            and a["labels"].get("alertname") == alert
+            and a["labels"].get("namespace") == namespace
+            and a["labels"].get("pool") == pool
+            for a in body["data"]["alerts"]
+        )
 
     def value(self, promql: str) -> float | None:
         """The single value of a query that sums to one series, or None if it has none."""

@@ -136,13 +136,21 @@ def model_volume(kind: KindCluster, namespace: str, model: Path) -> None:
     )
 
 
-def cache_volume(kind: KindCluster, namespace: str) -> None:
+def cache_volume(kind: KindCluster, namespace: str, tmpfs_mib: int | None = None) -> None:
     """A ReadWriteMany volume of ``CACHE_CLASS`` for one pool's shared-volume cache, owned
-    by the pods' uid/gid 1000 (a hostPath ignores fsGroup)."""
+    by the pods' uid/gid 1000 (a hostPath ignores fsGroup). With ``tmpfs_mib``, the folder
+    is a tmpfs of that size mounted on the node, smaller than the 1Gi the volume claims
+    (a test can fill it without touching the host's disk; ``release_cache_volume``)."""
     host = kind.share / "cache" / namespace
     host.mkdir(parents=True, exist_ok=True)
     os.chown(host, 1000, 1000)
     host.chmod(0o770)
+    if tmpfs_mib is not None:
+        node = cache_dir_on_node(namespace)
+        options = f"size={tmpfs_mib}m,uid=1000,gid=1000,mode=0770"
+        kind.node_exec(
+            "sh", "-c", f"mountpoint -q {node} || mount -t tmpfs -o {options} tmpfs {node}"
+        )
     kind.apply(
         {
             "apiVersion": "v1",
@@ -153,10 +161,20 @@ def cache_volume(kind: KindCluster, namespace: str) -> None:
                 "accessModes": ["ReadWriteMany"],
                 "storageClassName": CACHE_CLASS,
                 "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": f"{NODE_SHARE}/cache/{namespace}", "type": "Directory"},
+                "hostPath": {"path": cache_dir_on_node(namespace), "type": "Directory"},
             },
         }
     )
+
+
+def cache_dir_on_node(namespace: str) -> str:
+    return f"{NODE_SHARE}/cache/{namespace}"
+
+
+def release_cache_volume(kind: KindCluster, namespace: str) -> None:
+    """Unmount a ``cache_volume`` tmpfs (lazily: pods may still be stopping)."""
+    node = cache_dir_on_node(namespace)
+    kind.node_exec("sh", "-c", f"! mountpoint -q {node} || umount -l {node}")
 
 
 def patch_spec(kind: KindCluster, namespace: str, name: str, spec: dict[str, Any]) -> None:
