@@ -7,6 +7,12 @@ producers autoscale between 0 and 1 (a short scale-down window) is driven throug
 asleep at zero while idle, a request answered by the consumer encoding it itself, the
 producers woken by that demand, the next items encoded by the producer, back to zero
 when the traffic stops. The consumers' autoscaler reads vLLM's own gauges.
+
+The same Prometheus then runs the chart's dashboard and alerts: every panel returns data
+(and is drawn, e2e/kind/dashboard_png.py), every alert is silent while the pool is
+healthy, and faults induced on the real pods fire theirs: items at zero producers, a
+second pool whose model is missing, the cache volume (a 64 MiB tmpfs) filled by another
+writer, the consumer's pod lost.
 """
 
 from __future__ import annotations
