@@ -287,7 +287,6 @@ def test_a_client_at_its_share_gets_429_while_another_is_answered_as_monolithic(
         router.stop()
 
 
-@pytest.mark.breaks_shared_servers
 def scrape(url: str) -> dict[str, float]:
     """Unlabelled samples of a server's /metrics (the volume's gauges have no labels)."""
     with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
@@ -313,6 +312,7 @@ def test_vllm_servers_report_the_cache_volume_s_space_and_files(epd: Epd) -> Non
         assert 0 < got["encoderpool_ec_volume_files_available"] <= st.f_files
 
 
+@pytest.mark.breaks_shared_servers
 def test_a_killed_producer_leaves_encoding_to_the_consumer(epd: Epd) -> None:
     """Last in the package: it stops the shared producer."""
     images = [image(300 + i) for i in range(6)]
