@@ -3,7 +3,9 @@
 # pytest process beside everything else. Its cluster's creation, image pushes and pod
 # starts leave a core idle much of the time, which the other suite's tests fill (two
 # cores: serially the two take ~30 min, side by side ~22). Its output is printed after
-# the main suite's; either failing fails the run. With arguments: one pytest, as given.
+# the main suite's. Tests marked `alone` run last, by themselves: they time threads that
+# starve when the kind suite's cluster shares the two cores. Any of the three failing
+# fails the run. With arguments: one pytest, as given.
 #   tools/test.sh PYTHON [PYTEST_ARGS...]
 set -euo pipefail
 py=$1; shift
@@ -13,9 +15,11 @@ log=$(mktemp -t encoderpool-kind-tests.XXXXXX)
 # Interrupted: stop the kind suite too (by its PID), and keep no log behind.
 trap 'kill -TERM $kind 2>/dev/null || true' INT TERM
 trap 'rm -f "$log"' EXIT
-rc=0; "$py" -m pytest -m "not kind" || rc=$?
+rc=0; "$py" -m pytest -m "not kind and not alone" || rc=$?
 krc=0; wait $kind || krc=$?
 echo "================ the kind suite (a second pytest process, run alongside) ================"
 cat "$log"
-echo "tools/test.sh: main suite exit $rc, kind suite exit $krc" >&2
-[ $rc = 0 ] && [ $krc = 0 ]
+echo "================ tests that need the cores to themselves (marked alone) ================"
+arc=0; "$py" -m pytest -m alone -p no:cacheprovider || arc=$?
+echo "tools/test.sh: main suite exit $rc, kind suite exit $krc, alone exit $arc" >&2
+[ $rc = 0 ] && [ $krc = 0 ] && [ $arc = 0 ]
