@@ -85,6 +85,17 @@ def test_pool_becomes_ready(kind: KindCluster, pool: dict[str, Any]) -> None:
     assert status["consumers"]["ready"] == 1
 
 
+def why_local(kind: KindCluster) -> str:
+    """What the router and the consumer said of items the consumer encoded itself."""
+    said = [
+        line
+        for component in ("router", "consumer")
+        for line in logs(kind, NS, POOL, component).splitlines()
+        if "the consumer encodes" in line or ("WARNING" in line and "encoderpool" in line)
+    ]
+    return "\n".join(said[-20:]) or "(neither logged why)"
+
+
 def test_answer_equals_monolithic_and_consumer_did_not_encode(
     kind: KindCluster, pool: dict[str, Any]
 ) -> None:
@@ -92,7 +103,9 @@ def test_answer_equals_monolithic_and_consumer_did_not_encode(
     got, expected = token_ids_pool_and_monolithic(kind, NS, pool, bodies)
     assert got == expected
     assert encoded(kind, NS, POOL, "producer") >= len(bodies), "the producer never ran its encoder"
-    assert encoded(kind, NS, POOL, "consumer") == 0, "the consumer encoded by itself"
+    assert encoded(kind, NS, POOL, "consumer") == 0, "the consumer encoded by itself:\n" + (
+        why_local(kind)
+    )
 
 
 def test_vllm_pods_start_from_the_images_model_class_cache(
