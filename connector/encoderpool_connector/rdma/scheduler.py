@@ -198,6 +198,7 @@ class RdmaScheduler(LookupScheduler[_Pull]):
             if self.is_consumer:
                 self._consumer_housekeeping()
                 meta.loads, self._loads = self._loads, []
+                self.wait_if_idle(scheduler_output)
         except Exception as e:  # the step goes on; affected items become misses
             logger.warning("encoderpool: rdma build_connector_meta: %r", e)
         return meta

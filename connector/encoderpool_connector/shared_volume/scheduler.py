@@ -304,6 +304,7 @@ class SharedVolumeScheduler(LookupScheduler[_Lookup]):
                 meta.encoder_inputs = inputs
         self._loads = []
         self._drop_orphans()
+        self.wait_if_idle(scheduler_output)
         cutoff = time.monotonic() - LOAD_GRACE_S
         for pin in [p for p, since in self._held.items() if since < cutoff]:
             del self._held[pin]

@@ -28,8 +28,10 @@ from tests.connector.rdma.fixtures import CONNECTOR, MODULE, UCX_ENV, rdma_confi
 from tests.router.fixtures import encoded_hashes
 from tests.waiting import wait_until
 
-# Alone: beside the kind suite's cluster the producer's engine-core threads starved so
-# long that every pull of a run timed out, even at 10 s (docs/connector.md).
+# Alone: beside the kind suite's cluster every pull of a run timed out, even at 10 s. The
+# cause was the consumer's engine spinning while it waited (fixed by
+# core.lookups.wait_if_idle; docs/connector.md); the slack stays until runs beside the
+# kind suite show it is not needed.
 pytestmark = [pytest.mark.vllm, pytest.mark.alone]
 
 
@@ -47,11 +49,9 @@ class Tp2Pool:
         params = out["ec_transfer_params"]
         ((mm_hash, item),) = params.items()
         assert item["encoderpool"]["rdma"], item  # rank 0 filled the slot in time
-        # Sent at once after an encode, a consumer's side-channel fetch or READ timed out
-        # here (nine engine processes on two cores starve the engine cores' threads;
-        # docs/connector.md, "Known limits"); a few seconds later it did not. So the item
-        # goes to the consumer once the producer's side channel (a thread beside its
-        # NIXL progress thread) answers a real fetch within a second again.
+        # The item goes to the consumer once the producer's side channel answers a real
+        # fetch within a second: on two cores shared with other engines (and the kind
+        # suite) it can be slow for a while after an encode (docs/connector.md).
         wait_until("the producer's side channel answers within 1 s", self.side_channel_answers)
         return mm_hash, params
 
