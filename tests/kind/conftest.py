@@ -66,6 +66,17 @@ def tiny_model_dir() -> Path:
     return ensure_tiny_model()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A kind test's timeout bounds its own body, not its fixtures: on a cold machine the
+    first test's fixtures build the images, make the cluster and push to it, tens of
+    minutes that say nothing about the test. Each of those steps carries its own bound
+    (``run``'s timeout, ``helm --wait``, ``kubectl``'s)."""
+    seconds = float(config.getini("timeout") or 0)
+    for item in items:
+        if item.get_closest_marker("kind") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(seconds, func_only=True))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """A failed kind test's report carries the pods, events and logs of every namespace of
