@@ -33,6 +33,7 @@ from e2e.operator_process import OperatorProcess
 from e2e.processes import exit_on_sigterm
 from e2e.tiny_model import ensure_tiny_model
 from e2e.vllm_server import base_env, free_port, post_json
+from encoderpool_contracts.router_args import PROBE_PORT_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 NAMESPACE = "demo"
@@ -167,7 +168,7 @@ def main(argv: list[str]) -> int:
             router_metrics = f"http://127.0.0.1:{free_port()}"
             router = LocalPod(
                 first_pod(cluster, "router"), work / "router.log", free_port(), rewrite,
-                base_env(),
+                {**base_env(), PROBE_PORT_ENV: str(free_port())},
                 replace_flags={
                     "--producer-service": ["--producers", pods["producer"].url],
                     "--consumer-service": ["--consumers", pods["consumer"].url],

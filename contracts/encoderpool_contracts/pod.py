@@ -26,7 +26,9 @@ CONNECTOR_CLASSES: dict[str, tuple[str, str]] = {
 # What the width Job runs with ``python -m`` in the vLLM image: it measures the encoder's
 # output widths and writes a WidthReport to the file named by ``--output-file``.
 MEASURE_MODULE = "encoderpool_connector.programs.measure"
-# The port vLLM and the router serve the OpenAI API on, and the router's metrics port
-# (scrapers never need the API).
+# The port vLLM and the router serve the OpenAI API on, the router's metrics port
+# (scrapers never need the API) and its probe port (the kubelet's, outside the caps
+# clients can fill on the API port).
 HTTP_PORT = 8000
 ROUTER_METRICS_PORT = 9090
+ROUTER_PROBE_PORT = 8081

@@ -29,6 +29,10 @@ def env_name(name: str) -> str:
 # than the field ignores it instead of failing on an unknown flag).
 BACKEND_API_KEY_ENV = env_name("backend_api_key")
 POOL_UID_ENV = env_name("pool_uid")
+# The probe port, and the container's memory limit (from the downward API), which the
+# router's connection cap and body budget are derived from: envs for the same reason.
+PROBE_PORT_ENV = env_name("probe_port")
+MEMORY_LIMIT_ENV = env_name("memory_limit_bytes")
 
 
 # The router's longest wait for one producer (past it the consumer encodes the item): the

@@ -7,10 +7,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from encoderpool_router.app import Router, build_app, metrics_lifespan
+from encoderpool_router.app import Router, build_app, build_metrics_app, build_probe_app
 from encoderpool_router.config import parse_settings
 from encoderpool_router.heap import keep_freed_memory
-from encoderpool_router.listener import serve
+from encoderpool_router.listener import INTERNAL_LIMITS, serve
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -31,10 +31,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"invalid router settings:\n  {e}", file=sys.stderr)
         return 2
     logging.getLogger(__name__).info(
-        "router on %s:%s (metrics on port %s); %s; consumer policy %s; client auth %s, "
-        "backend key %s",
+        "router on %s:%s (probes on port %s, metrics on port %s); %s; consumer policy %s; "
+        "client auth %s, backend key %s; %s",
         settings.host,
         settings.port,
+        settings.probe_port,
         settings.metrics_port,
         f"EndpointSlices of {settings.producer_service or settings.producer_services_by_modality}"
         f" and {settings.consumer_service}"
@@ -49,11 +50,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         f"from {settings.auth_token_file}" if settings.auth_token_file else "off",
         "set" if settings.backend_api_key is not None else "unset",
+        settings.memory_plan.summary(settings.memory_limit_bytes, settings.max_headers),
     )
-    app = build_app(router)
-    app.cleanup_ctx.append(metrics_lifespan(router, settings.host, settings.metrics_port))
-    # Cancels a handler whose client left (so its upstream requests end); caps connections.
-    asyncio.run(serve(app, settings.host, settings.port, settings.max_connections))
+    # The API first: its start-up (the upstream session, discovery) comes before the
+    # probes answer, and its shutdown after theirs.
+    apps = [
+        (build_app(router), settings.port, settings.api_limits()),
+        (build_probe_app(router), settings.probe_port, INTERNAL_LIMITS),
+        (build_metrics_app(router), settings.metrics_port, INTERNAL_LIMITS),
+    ]
+    asyncio.run(serve(apps, settings.host))
     return 0
 
 

@@ -2,8 +2,9 @@
 
 A request's walk (read, classify, admit, encode on producers, relay from a consumer) is
 ``pipeline``; this module builds the parts it walks over, serves the OpenAI routes, the
-probes and ``/metrics`` (on a port of its own: ``metrics_lifespan``), and checks client
-tokens (``--auth-token-file``: every route but the probes' needs one of them).
+probes (also on a port of their own: ``build_probe_app``) and ``/metrics`` (on a port
+of its own: ``build_metrics_app``), and checks client tokens (``--auth-token-file``:
+every route but the probes' needs one of them).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -20,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from encoderpool_router.auth import TokenFile
 from encoderpool_router.backends import BackendSet, producer_groups
+from encoderpool_router.budget import BodyBudget
 from encoderpool_router.config import RouterSettings
 from encoderpool_router.discovery import EndpointSliceWatcher, follow
 from encoderpool_router.encode import Encoder
@@ -49,6 +51,8 @@ class Router:
             self.tokens = TokenFile(settings.auth_token_file)
             self.tokens.load()  # ValueError: unreadable or empty, a start-up error
         self.shares = Shares(settings.max_requests_per_client, settings.max_items_per_client)
+        memory = settings.memory_plan
+        self.budget = BodyBudget(memory.body_bytes, memory.body_per_client_bytes)
         self.upstream = Upstream(settings.backend_api_key, resolver)
         self.encoder = Encoder(
             settings,
@@ -62,6 +66,7 @@ class Router:
             settings,
             self.metrics,
             self.shares,
+            self.budget,
             self.encoder,
             self.relay,
             clients_by_token=self.tokens is not None,
@@ -174,19 +179,10 @@ def build_metrics_app(router: Router) -> web.Application:
     return app
 
 
-def metrics_lifespan(
-    router: Router, host: str, port: int
-) -> Callable[[web.Application], AsyncIterator[None]]:
-    """A cleanup context for the API app that serves ``build_metrics_app`` on ``port``
-    for as long as the API app runs (one process, one event loop, two listeners)."""
-
-    async def serve_metrics(app: web.Application) -> AsyncIterator[None]:
-        runner = web.AppRunner(build_metrics_app(router), access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, host, port).start()
-            yield
-        finally:
-            await runner.cleanup()
-
-    return serve_metrics
+def build_probe_app(router: Router) -> web.Application:
+    """``/health`` and ``/livez`` alone, for the probe port: outside the API's connection
+    caps and the clients' shares, so clients filling the API port do not fail them."""
+    app = web.Application()
+    app.router.add_get("/health", router.health)
+    app.router.add_get("/livez", router.live)
+    return app

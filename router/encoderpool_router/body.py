@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from encoderpool_contracts import EC_TRANSFER_PARAMS
@@ -140,29 +141,71 @@ class ClientBody:
         return (json.dumps({**self.data, EC_TRANSFER_PARAMS: params}).encode(),)
 
 
-def parse(raw: bytes) -> ClientBody:
-    """The body as the router and the consumer will both read it; a client's top-level
-    ``ec_transfer_params`` dropped. ValueError (json's) when it is not JSON,
-    ``NotAnObject`` when it is JSON but not an object."""
+# Top-level fields the router owns, also inside ``vllm_xargs`` (vLLM copies that
+# object's pairs into the sampling parameters' extra args, where connectors read them):
+# a client's are dropped, so nobody outside the pool points a consumer at producer
+# memory or cache entries of their choosing.
+ROUTER_OWNED = (EC_TRANSFER_PARAMS, "kv_transfer_params")
+XARGS = "vllm_xargs"
+
+
+def parse(raw: bytes, reserve: Reserve | None = None) -> ClientBody:
+    """The body as the router and the consumer will both read it; the fields the router
+    owns dropped (``ROUTER_OWNED``). ValueError (json's) when it is not JSON,
+    ``NotAnObject`` when it is JSON but not an object. ``reserve`` is called with what
+    the parse will cost in memory (``parse_cost``) before it is spent, and may refuse."""
     hook = _Objects()
     cut: dict[int, tuple[str, int, int]] = {}
     try:
-        data = _loads(raw, hook, cut)
+        data = _loads(raw, hook, cut, reserve)
     except ValueError:  # not strict UTF-8 (UnicodeDecodeError), or not JSON as such
         pass
     else:
         if not isinstance(data, dict):
             raise NotAnObject("request body must be a JSON object")
-        verbatim = not hook.repeated and EC_TRANSFER_PARAMS not in data
-        data.pop(EC_TRANSFER_PARAMS, None)
-        return ClientBody(raw, data, verbatim, utf8=True, cut=cut)
+        dropped = _drop_owned(data)
+        return ClientBody(raw, data, not hook.repeated and not dropped, utf8=True, cut=cut)
     # Not plain UTF-8 JSON (a BOM, another encoding, or garbage): json.loads of the
     # bytes, its detection of the encoding included, as vLLM reads them; never sent as is.
+    if reserve is not None:
+        reserve(parse_cost(len(raw), raw) + 4 * len(raw))  # and the text decoded whole
     data = json.loads(raw)
     if not isinstance(data, dict):
         raise NotAnObject("request body must be a JSON object")
-    data.pop(EC_TRANSFER_PARAMS, None)
+    _drop_owned(data)
     return ClientBody(raw, data, verbatim=False, utf8=False)
+
+
+def _drop_owned(data: dict[str, Any]) -> bool:
+    """Drop the client's ``ROUTER_OWNED`` fields, top level and in ``vllm_xargs``;
+    whether there were any."""
+    dropped = False
+    for holder in (data, data.get(XARGS)):
+        if isinstance(holder, dict):
+            for name in ROUTER_OWNED:
+                if name in holder:
+                    del holder[name]
+                    dropped = True
+    return dropped
+
+
+# What a parse may cost in memory beyond the text, per JSON value: a value follows a
+# "[", "," or ":" and an object opens with "{", and none of Python's objects for one
+# (a dict, a list, a float, a short str, with the pointer to it) costs more than this
+# (measured: 64 bytes per such character for nested empty lists or one-key objects,
+# 84 for short escaped strings).
+VALUE_BYTES = 96
+# A str holds at most 4 bytes per character, a character takes at least 1 byte of text.
+STR_BYTES_PER_BYTE = 4
+Reserve = Callable[[int], None]
+
+
+def parse_cost(held: int, text: bytes | memoryview) -> int:
+    """The memory a parse of ``text`` may take at most, with ``held`` bytes already held
+    (the body as read): ``text`` decoded, its strings, and an object per value."""
+    b = text if isinstance(text, bytes) else bytes(text)
+    values = b.count(b",") + b.count(b":") + b.count(b"[") + b.count(b"{")
+    return held + STR_BYTES_PER_BYTE * len(b) + VALUE_BYTES * values
 
 
 # A string value this long is not scanned by json character by character: found with
@@ -177,9 +220,15 @@ _STRINGS_WALKED = 4096
 _RUN = 64  # backslashes before a quote, or whitespace before a value
 
 
-def _loads(raw: bytes, hook: _Objects, cut: dict[int, tuple[str, int, int]]) -> Any:
+def _loads(
+    raw: bytes,
+    hook: _Objects,
+    cut: dict[int, tuple[str, int, int]],
+    reserve: Reserve | None = None,
+) -> Any:
     """``json.loads(raw.decode(), object_pairs_hook=hook)``, faster for long string values;
-    each long value put back is noted in ``cut`` (see ``ClientBody``).
+    each long value put back is noted in ``cut`` (see ``ClientBody``). ``reserve``: see
+    ``parse``.
 
     A long string standing as an object's value, with no backslash in it, decodes
     to exactly the characters between its quotes: those bytes are decoded alone,
@@ -194,14 +243,32 @@ def _loads(raw: bytes, hook: _Objects, cut: dict[int, tuple[str, int, int]]) -> 
     """
     spans = _long_values(raw) if len(raw) >= LONG_VALUE else []
     if not spans:
+        if reserve is not None:
+            reserve(parse_cost(len(raw), raw))
         return json.loads(raw.decode("utf-8"), object_pairs_hook=hook)
     view = memoryview(raw)
     pieces: list[bytes | memoryview] = []
     where: dict[str, tuple[int, int]] = {}
     prev = 0
+    for start, end in spans:
+        pieces.append(view[prev:start])
+        prev = end
+    pieces.append(view[prev:])
+    # The skeleton's cost, and each long value's as one byte per byte (base64, ASCII);
+    # a value that is not ASCII may take up to 4: reserved once it is decoded.
+    skeleton = b"".join(pieces)
+    cost = parse_cost(len(raw) + sum(end - start for start, end in spans), skeleton)
+    if reserve is not None:
+        reserve(cost)
+    pieces = []
+    prev = 0
     for n, (start, end) in enumerate(spans):
         stand_in = f"{_STAND_IN}{n}"
-        hook.long[stand_in] = str(view[start:end], "utf-8")
+        value = str(view[start:end], "utf-8")
+        if reserve is not None and not value.isascii():
+            cost += (STR_BYTES_PER_BYTE - 1) * (end - start)
+            reserve(cost)
+        hook.long[stand_in] = value
         where[stand_in] = (start, end)
         pieces += (view[prev:start], json.dumps(stand_in)[1:-1].encode())
         prev = end
@@ -209,6 +276,8 @@ def _loads(raw: bytes, hook: _Objects, cut: dict[int, tuple[str, int, int]]) -> 
     data = json.loads(b"".join(pieces).decode("utf-8"), object_pairs_hook=hook)
     if hook.put_back != len(spans):  # not where the walk said: let json do it all
         hook.reset()
+        if reserve is not None:
+            reserve(cost + parse_cost(0, raw))
         return json.loads(raw.decode("utf-8"), object_pairs_hook=hook)
     for stand_in, value in hook.long.items():
         cut[id(value)] = (value, *where[stand_in])

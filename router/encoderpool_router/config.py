@@ -11,6 +11,7 @@ import argparse
 import json
 import re
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -26,6 +27,8 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from encoderpool_contracts.router_args import ENV_PREFIX, flag
+from encoderpool_router.budget import MemoryPlan, plan
+from encoderpool_router.listener import ConnectionLimits
 
 # Service names are DNS-1035 labels; namespaces DNS-1123 labels (Kubernetes' rules).
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -203,10 +206,51 @@ class RouterSettings(BaseSettings):
         "request that would pass it is a 429 (never half-encoded). At least "
         "--max-items-per-request.",
     )
-    max_connections: Annotated[int, Field(ge=1, le=1000000)] = Field(
-        default=4096,
+    probe_port: Annotated[int, Field(ge=1, le=65535)] = Field(
+        default=8081,
+        description="Port of /health and /livez for the kubelet, apart from the API: "
+        "clients filling the API port's connections cannot fail the probes.",
+    )
+    memory_limit_bytes: Annotated[int, Field(ge=256 << 20, le=1 << 40)] = Field(
+        default=2 << 30,
+        description="The router container's memory limit (the operator passes limits.memory). "
+        "The connection cap and the body memory budget left unset are derived from it so "
+        "that together they stay under 75% of it (docs/router.md).",
+    )
+    max_connections: Annotated[int, Field(ge=1, le=1000000)] | None = Field(
+        default=None,
         description="Client connections open at once (each carries at most one request at "
-        "a time); one past it is answered 503 and closed before anything is read.",
+        "a time); one past it is answered 503 and closed before anything is read. Unset: "
+        "derived from --memory-limit-bytes.",
+    )
+    max_connections_per_address: Annotated[int, Field(ge=1, le=1000000)] = Field(
+        default=128,
+        description="Client connections one peer address may have open at once (twice "
+        "--max-requests-per-client's default: each request in flight, and as many kept "
+        "alive); past it: 503 and closed. Behind a proxy or SNAT every client shares its "
+        "address: raise it there, and turn on client tokens for per-client shares.",
+    )
+    head_timeout_s: Seconds = Field(
+        default=10.0,
+        description="Time a connection has, from its opening or its previous answer, to "
+        "send a complete request head; a connection silent, idle or mid-head that long is "
+        "closed.",
+    )
+    max_headers: Annotated[int, Field(ge=8, le=256)] = Field(
+        default=32,
+        description="Header fields one request may carry (each at most 8190 bytes, name "
+        "and value); more is a 400 before any handler runs.",
+    )
+    body_memory_bytes: Annotated[int, Field(ge=1 << 20, le=1 << 40)] | None = Field(
+        default=None,
+        description="Router memory that request bodies being read, parsed and relayed may "
+        "take, in all; a request that would pass it is a 503 (Retry-After) before its body "
+        "is read. Unset: derived from --memory-limit-bytes.",
+    )
+    body_memory_per_client_bytes: Annotated[int, Field(ge=1 << 20, le=1 << 40)] | None = Field(
+        default=None,
+        description="Each client's share of --body-memory-bytes; past it: 429 (Retry-After) "
+        "before the body is read. Unset: a quarter of the body budget.",
     )
     body_read_timeout_s: Seconds = Field(
         default=60.0,
@@ -342,9 +386,34 @@ class RouterSettings(BaseSettings):
                 "give both --producer-service and --consumer-service (or "
                 "--producer-services-by-modality, for producer groups)"
             )
-        if self.metrics_port == self.port:
-            raise ValueError(f"--metrics-port and --port are both {self.port}: give two ports")
+        ports = {"--port": self.port, "--metrics-port": self.metrics_port}
+        ports["--probe-port"] = self.probe_port
+        if len(set(ports.values())) != len(ports):
+            given = ", ".join(f"{k} {v}" for k, v in ports.items())
+            raise ValueError(f"{given}: give three different ports")
+        self.memory_plan  # noqa: B018  (ValueError when the budgets cannot fit the limit)
         return self
+
+    @cached_property
+    def memory_plan(self) -> MemoryPlan:
+        """The connection cap and body budget: as given, or derived from the memory limit."""
+        return plan(
+            self.memory_limit_bytes,
+            self.max_headers,
+            self.max_body_bytes,
+            self.max_connections,
+            self.body_memory_bytes,
+            self.body_memory_per_client_bytes,
+        )
+
+    def api_limits(self) -> ConnectionLimits:
+        """What the API port admits."""
+        return ConnectionLimits(
+            max_connections=self.memory_plan.max_connections,
+            max_per_address=self.max_connections_per_address,
+            head_timeout_s=self.head_timeout_s,
+            max_headers=self.max_headers,
+        )
 
     @property
     def discovery(self) -> bool:

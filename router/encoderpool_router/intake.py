@@ -2,7 +2,8 @@
 parsed, its content parts classified, its media items checked.
 
 Each step answers a bad request by raising ``Refused`` (408, 400; a body over
-``--max-body-bytes`` is aiohttp's 413).
+``--max-body-bytes`` is aiohttp's 413; a body the memory budget cannot hold 413, 429
+or 503).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from encoderpool_router.body import ClientBody, NotAnObject, parse
+from encoderpool_router.budget import BODY_COPIES, Lease
 from encoderpool_router.config import RouterSettings
 from encoderpool_router.content import PartRefused, read_media
 from encoderpool_router.media import (
@@ -49,10 +51,11 @@ class Media:
         return len(set(self.keys))
 
 
-async def read_body(request: web.Request, settings: RouterSettings) -> ClientBody:
-    """The client's JSON object (a client's ``ec_transfer_params`` dropped: ``body.parse``)."""
+async def read_body(request: web.Request, settings: RouterSettings, lease: Lease) -> ClientBody:
+    """The client's JSON object (the fields the router owns dropped: ``body.parse``), its
+    memory held in ``lease`` before it is spent (``Refused``: 413, 429, 503)."""
     try:
-        raw = await _read(request, settings.max_body_bytes, settings.body_read_timeout_s)
+        raw = await _read(request, settings.max_body_bytes, settings.body_read_timeout_s, lease)
     except TimeoutError:
         raise Refused(
             408,
@@ -62,7 +65,7 @@ async def read_body(request: web.Request, settings: RouterSettings) -> ClientBod
             close=True,
         ) from None
     try:
-        return parse(raw)
+        return parse(raw, lease.grow_to)
     except NotAnObject as e:
         raise invalid(str(e)) from None
     except ValueError as e:  # UnicodeDecodeError included
@@ -71,14 +74,26 @@ async def read_body(request: web.Request, settings: RouterSettings) -> ClientBod
         raise invalid(TOO_DEEP) from None
 
 
-async def _read(request: web.Request, limit: int, timeout_s: float) -> bytes:
+# A body of unknown length (chunked) is read and reserved this much at a time.
+UNKNOWN_LENGTH_CHUNK = 1 << 20
+
+
+async def _read(request: web.Request, limit: int, timeout_s: float, lease: Lease) -> bytes:
     """The body, at most ``limit`` bytes (else 413), copied once: aiohttp's ``read``
-    copies a large body twice (into a bytearray, then into bytes)."""
+    copies a large body twice (into a bytearray, then into bytes).
+
+    Its memory is reserved before it is read: a declared length whole (and a copy for
+    the parse, ``BODY_COPIES``), so a body that cannot fit is refused unread; a body
+    of unknown length a chunk at a time, aiohttp's read-ahead kept to a chunk."""
     length = request.content_length
     if length is not None and length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
     content = request.content
-    content.set_read_chunk_size(limit)  # as aiohttp's read: no pause/resume per 64 KiB
+    if length is not None:
+        lease.grow_to(BODY_COPIES * length)
+        content.set_read_chunk_size(max(length, 1))  # no pause/resume per 64 KiB
+    else:
+        content.set_read_chunk_size(UNKNOWN_LENGTH_CHUNK)
     chunks: list[bytes] = []
     size = 0
     async with asyncio.timeout(timeout_s):
@@ -86,6 +101,8 @@ async def _read(request: web.Request, limit: int, timeout_s: float) -> bytes:
             size += len(chunk)
             if size > limit:
                 raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+            if length is None:
+                lease.grow_to(BODY_COPIES * (size + UNKNOWN_LENGTH_CHUNK))
             chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

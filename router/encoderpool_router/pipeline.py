@@ -6,7 +6,8 @@
 ``Pipeline.walk`` is that list, one line a step; each step is a unit of its own
 (``intake``, ``shares``, ``encode``, ``relay``). A step that refuses the request raises
 ``Refused``, which ``Pipeline.handle`` answers. ``handle`` also holds the client's
-request share and counts every request once, by endpoint and status; handlers run with
+request share and its lease on the body memory budget (given back once answered), and
+counts every request once, by endpoint and status; handlers run with
 aiohttp's handler cancellation on, so a client that disconnects cancels the upstream
 requests (closing their connections makes vLLM abort them), counted as status 499.
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from encoderpool_router.budget import BodyBudget, Lease
 from encoderpool_router.config import RouterSettings
 from encoderpool_router.encode import Encoder
 from encoderpool_router.intake import check_media_urls, classify, read_body
@@ -60,6 +62,7 @@ class Pipeline:
         settings: RouterSettings,
         metrics: RouterMetrics,
         shares: Shares,
+        budget: BodyBudget,
         encoder: Encoder,
         relay: Relay,
         clients_by_token: bool,
@@ -67,6 +70,7 @@ class Pipeline:
         self.settings = settings
         self.metrics = metrics
         self.shares = shares
+        self.budget = budget
         self.encoder = encoder
         self.relay = relay
         self.clients_by_token = clients_by_token
@@ -77,8 +81,8 @@ class Pipeline:
         client = client_of(request, by_token=self.clients_by_token)
         code = "500"
         try:
-            with self.shares.request(client):  # 429
-                response = await self.walk(request, endpoint, rid, client)
+            with self.shares.request(client), self.budget.lease(client) as lease:  # 429
+                response = await self.walk(request, endpoint, rid, client, lease)
             code = str(response.status)
             return response
         except Refused as refused:
@@ -102,12 +106,12 @@ class Pipeline:
             self.metrics.request(endpoint.path, code)
 
     async def walk(
-        self, request: web.Request, endpoint: Endpoint, rid: str, client: str
+        self, request: web.Request, endpoint: Endpoint, rid: str, client: str, lease: Lease
     ) -> web.StreamResponse:
         """Read → classify → admit → encode → choose a consumer and relay."""
         if not endpoint.body:
             return await self.relay.forward(request, endpoint.path, None, {}, None, rid)
-        body = await read_body(request, self.settings)  # 408, 413, 400
+        body = await read_body(request, self.settings, lease)  # 408, 413, 400, 429, 503
         media = classify(body, endpoint.media, self.settings)  # 400
         await check_media_urls(media, self.settings)  # 400
         params: dict[str, Any] = {}

@@ -4,7 +4,8 @@ The consumer is chosen by ``--consumer-policy`` (``policy``). One that fails bef
 answering (unreachable, timed out, a 5xx) is retried on another, up to
 ``--consumer-retries`` times, without ``ec_transfer_params``: what the first could not
 obtain must not fail the retry (the next one loads what it finds, or encodes). The
-answer goes back as it comes: whole for JSON, chunk by chunk for SSE. Once a stream's
+answer goes back as it comes: JSON whole when small and passed through when large
+(``ANSWER_BUFFER``), SSE chunk by chunk. Once a stream's
 headers are sent it is too late to retry: a broken stream ends with an error event.
 """
 
@@ -29,6 +30,9 @@ from encoderpool_router.protocol import INVALID, REQUEST_ID, TOO_DEEP, error_res
 from encoderpool_router.upstream import JSON, Upstream, UpstreamError
 
 logger = logging.getLogger(__name__)
+# A JSON answer is read whole up to this size (so a failed read can be retried), then
+# passed through: the router never holds more of one answer.
+ANSWER_BUFFER = 256 << 10
 
 
 class ClientGone(Exception):
@@ -165,19 +169,14 @@ class Relay:
     async def _answer(
         self, request: web.Request, resp: aiohttp.ClientResponse, rid: str
     ) -> web.StreamResponse:
-        """The consumer's answer as it comes: whole for JSON, chunk by chunk for SSE."""
+        """The consumer's answer as it comes: JSON whole up to ``ANSWER_BUFFER`` and
+        passed through beyond it, SSE chunk by chunk."""
         headers = {REQUEST_ID: rid}
         for name in ("Content-Type", "Content-Encoding"):
             if name in resp.headers:
                 headers[name] = resp.headers[name]
         if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-            try:
-                data = await resp.read()
-            except TimeoutError:
-                raise UpstreamError("consumer_timeout", "read timed out", eject=True) from None
-            except aiohttp.ClientError as e:
-                raise UpstreamError("consumer_error", f"read failed: {e!r}") from None
-            return web.Response(body=data, status=resp.status, headers=headers)
+            return await self._json(request, resp, headers)
         out = web.StreamResponse(status=resp.status, headers=headers)
         out.headers["Cache-Control"] = "no-cache"
         await out.prepare(request)
@@ -186,10 +185,7 @@ class Relay:
                 chunk = await resp.content.readany()
             except (TimeoutError, aiohttp.ClientError) as e:
                 # Headers are sent: too late to retry. End the stream with an error event.
-                self.metrics.error(
-                    "consumer_timeout" if isinstance(e, TimeoutError) else "stream_broken"
-                )
-                logger.warning("request %s: consumer stream broke: %r", rid, e)
+                self._broken(rid, e)
                 event = {"error": {"message": "the consumer's stream broke", "code": 502}}
                 chunk = f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()
                 await _write(out, chunk)
@@ -199,6 +195,53 @@ class Relay:
             await _write(out, chunk)
         await out.write_eof()
         return out
+
+    async def _json(
+        self, request: web.Request, resp: aiohttp.ClientResponse, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        """A JSON answer: read whole when it is small (a failed read can still be retried
+        on another consumer), passed through once it passes ``ANSWER_BUFFER`` (a large
+        ``n`` or ``prompt_logprobs`` answer is never held whole)."""
+        rid = headers[REQUEST_ID]
+        chunks: list[bytes] = []
+        size = 0
+        while size < ANSWER_BUFFER:
+            try:
+                chunk = await resp.content.readany()
+            except TimeoutError:
+                raise UpstreamError("consumer_timeout", "read timed out", eject=True) from None
+            except aiohttp.ClientError as e:
+                raise UpstreamError("consumer_error", f"read failed: {e!r}") from None
+            if not chunk:
+                return web.Response(body=b"".join(chunks), status=resp.status, headers=headers)
+            chunks.append(chunk)
+            size += len(chunk)
+        out = web.StreamResponse(status=resp.status, headers=headers)
+        if resp.content_length is not None:
+            out.content_length = resp.content_length
+        await out.prepare(request)
+        for chunk in chunks:
+            await _write(out, chunk)
+        chunks.clear()
+        while True:
+            try:
+                chunk = await resp.content.readany()
+            except (TimeoutError, aiohttp.ClientError) as e:
+                # Headers are sent: the client must see the answer cut, not a short one
+                # that looks whole. Dropping the connection says so.
+                self._broken(rid, e)
+                if request.transport is not None:
+                    request.transport.close()
+                return out
+            if not chunk:
+                break
+            await _write(out, chunk)
+        await out.write_eof()
+        return out
+
+    def _broken(self, rid: str, e: BaseException) -> None:
+        self.metrics.error("consumer_timeout" if isinstance(e, TimeoutError) else "stream_broken")
+        logger.warning("request %s: consumer answer broke: %r", rid, e)
 
 
 async def _write(out: web.StreamResponse, chunk: bytes) -> None:

@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 
 from encoderpool_contracts import ConnectorConfig
-from encoderpool_contracts.pod import HTTP_PORT, MEASURE_MODULE, ROUTER_METRICS_PORT
+from encoderpool_contracts.pod import (
+    HTTP_PORT,
+    MEASURE_MODULE,
+    ROUTER_METRICS_PORT,
+    ROUTER_PROBE_PORT,
+)
 from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.naming import ANNOTATION_CONFIG_HASH, PRODUCER, selector_labels
@@ -604,10 +609,15 @@ def test_vllm_pods_and_the_router_get_the_pool_s_internal_keys_by_reference(exam
         assert env["ENCODERPOOL_CHANNEL_KEY"] == _internal("channel-key")
     router = container(objs, "pool-router")
     # The router holds the same key toward the pods, and nothing else of the Secret (the
-    # pool's uid is no secret: what its Services' controller must be).
+    # pool's uid is no secret: what its Services' controller must be); its probe port and
+    # its own memory limit, which its budgets are derived from.
     assert _env(router) == {
         "ENCODERPOOL_ROUTER_BACKEND_API_KEY": _internal("vllm-api-key"),
         "ENCODERPOOL_ROUTER_POOL_UID": "u-1",
+        "ENCODERPOOL_ROUTER_PROBE_PORT": str(ROUTER_PROBE_PORT),
+        "ENCODERPOOL_ROUTER_MEMORY_LIMIT_BYTES": {
+            "resourceFieldRef": {"containerName": "router", "resource": "limits.memory"}
+        },
     }
     job_env = _env(_width_job(pool)["spec"]["template"]["spec"]["containers"][0])
     assert not {"VLLM_API_KEY", "ENCODERPOOL_CHANNEL_KEY"} & set(job_env)  # it serves nothing
@@ -615,15 +625,26 @@ def test_vllm_pods_and_the_router_get_the_pool_s_internal_keys_by_reference(exam
     assert internal_secret(pool)["metadata"]["name"] == "pool-internal"
 
 
-def test_the_router_serves_metrics_on_a_port_of_its_own_never_on_the_service() -> None:
+def test_the_router_serves_metrics_and_probes_on_ports_of_their_own_never_on_the_service() -> None:
     objs = children(load("pool-shared-volume.yaml"))
     router = container(objs, "pool-router")
     assert router["ports"] == [
         {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
         {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
+        {"name": "probes", "containerPort": ROUTER_PROBE_PORT, "protocol": "TCP"},
     ]
-    settings = parse_settings(router["args"])
+    # Every probe on the probe port: clients filling the API port cannot fail them.
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert router[probe]["httpGet"]["port"] == "probes"
+    env = {e["name"]: e["value"] for e in router["env"] if "value" in e}
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        mp.setenv("ENCODERPOOL_ROUTER_MEMORY_LIMIT_BYTES", str(2 << 30))  # the default limit
+        settings = parse_settings(router["args"])
     assert (settings.port, settings.metrics_port) == (HTTP_PORT, ROUTER_METRICS_PORT)
+    assert settings.probe_port == ROUTER_PROBE_PORT
+    assert router["resources"]["limits"]["memory"] == "2Gi"
     assert settings.auth_token_file is None  # no client auth unless asked for
     # The pool's endpoint (perhaps a LoadBalancer) never carries the metrics port.
     assert [p["name"] for p in objs["Service/pool"]["spec"]["ports"]] == ["http"]

@@ -39,6 +39,7 @@ from e2e.vllm_server import (
 )
 from encoderpool_contracts import API_GUARD_MIDDLEWARE as API_GUARD
 from encoderpool_contracts.pod import CACHE_DIR_ENV, VOLUME_METRICS_MIDDLEWARE
+from encoderpool_contracts.router_args import PROBE_PORT_ENV
 from encoderpool_router.app import Router, build_app
 from encoderpool_router.config import RouterSettings
 from tests.connector.fixtures import LOGGING_CONFIG
@@ -315,6 +316,7 @@ class RouterProcess:
     log_path: Path
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
+    probe_port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)  # e.g. the backend key
     cpus: str | None = None  # pin with taskset (benchmarks), e.g. "0"
     proc: subprocess.Popen[bytes] | None = None
@@ -324,7 +326,7 @@ class RouterProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> RouterProcess:
-        env = {**base_env(), **self.env}
+        env = {**base_env(), PROBE_PORT_ENV: str(self.probe_port), **self.env}
         pin = ["taskset", "-c", self.cpus] if self.cpus is not None else []
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(

@@ -13,12 +13,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from e2e.media import chat_request, image
-from encoderpool_router.app import Router, build_app
-from encoderpool_router.config import RouterSettings
-from encoderpool_router.listener import listen
 from encoderpool_router.shares import Shares
 from tests.router.fixtures import FakeBackend, fakes, router_at, run
 from tests.waiting import async_wait_until
@@ -174,44 +170,5 @@ def test_a_body_that_never_finishes_arriving_is_a_408() -> None:
             )
             assert timeouts == 1
         assert c.seen == []
-
-    run(scenario())
-
-
-def test_a_connection_past_the_cap_is_answered_503_and_closed_others_are_served() -> None:
-    async def scenario() -> None:
-        c = FakeBackend("consumer")
-        async with fakes(c) as (curl,):
-            router = Router(RouterSettings(consumers=(curl,)))
-            runner = web.AppRunner(build_app(router), handler_cancellation=True)
-            await runner.setup()
-            listener = await listen(runner, "127.0.0.1", 0, max_connections=2)
-            port = listener.sockets[0].getsockname()[1]
-
-            def connections() -> int:
-                assert runner.server is not None
-                return len(runner.server.connections)
-
-            try:
-                held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
-                await async_wait_until("two connections", lambda: connections() == 2)
-                reader, _ = await asyncio.open_connection("127.0.0.1", port)
-                refused = await asyncio.wait_for(reader.read(), 10)  # read to EOF: closed
-                assert refused.startswith(b"HTTP/1.1 503 ")
-                assert b"too many connections" in refused
-                # A held connection is served; once one closes, a new one is accepted.
-                r0, w0 = held[0]
-                w0.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
-                assert (await asyncio.wait_for(r0.readline(), 10)).startswith(b"HTTP/1.1 200")
-                held[1][1].close()
-                await async_wait_until("one connection", lambda: connections() == 1)
-                r2, w2 = await asyncio.open_connection("127.0.0.1", port)
-                w2.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
-                assert (await asyncio.wait_for(r2.readline(), 10)).startswith(b"HTTP/1.1 200")
-                for _, w in (held[0], (r2, w2)):
-                    w.close()
-            finally:
-                listener.close()
-                await runner.cleanup()
 
     run(scenario())

@@ -173,10 +173,12 @@ def hash_seed(pool: EncoderPool) -> str:
     return str(int.from_bytes(digest[:4], "big"))
 
 
-def http_probe(period: int, failures: int, path: str = "/health") -> dict[str, Any]:
-    """A probe on the container's ``http`` port."""
+def http_probe(
+    period: int, failures: int, path: str = "/health", port: str = "http"
+) -> dict[str, Any]:
+    """A probe on the container's port named ``port``."""
     return {
-        "httpGet": {"path": path, "port": "http"},
+        "httpGet": {"path": path, "port": port},
         "periodSeconds": period,
         "failureThreshold": failures,
         "timeoutSeconds": 5,

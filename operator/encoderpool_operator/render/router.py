@@ -7,8 +7,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from encoderpool_contracts.pod import HTTP_PORT, ROUTER_METRICS_PORT
-from encoderpool_contracts.router_args import BACKEND_API_KEY_ENV, POOL_UID_ENV, RouterArgs
+from encoderpool_contracts.pod import HTTP_PORT, ROUTER_METRICS_PORT, ROUTER_PROBE_PORT
+from encoderpool_contracts.router_args import (
+    BACKEND_API_KEY_ENV,
+    MEMORY_LIMIT_ENV,
+    POOL_UID_ENV,
+    PROBE_PORT_ENV,
+    RouterArgs,
+)
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.naming import (
     CONSUMER,
@@ -35,9 +41,10 @@ from encoderpool_operator.render.secret import VLLM_API_KEY_KEY, internal_key_en
 
 # The router container's resources when spec.router.resources gives none (any request
 # or limit given replaces all of these: a default limit below a given request would be
-# refused). Bounded by default so that one pool's router cannot take a node's memory;
-# 2Gi holds a few dozen 64 MiB bodies (--max-body-bytes) in flight; one event loop uses
-# about one core at most.
+# refused). Bounded by default so that one pool's router cannot take a node's memory.
+# The router sizes its connection cap and body memory budget from the limit it is given
+# (MEMORY_LIMIT_ENV): with 2Gi, about 600 connections and 690 MiB of bodies, 172 MiB per
+# client (docs/router.md). One event loop uses about one core at most.
 ROUTER_RESOURCES = {
     "requests": {"cpu": "250m", "memory": "256Mi"},
     "limits": {"cpu": "2", "memory": "2Gi"},
@@ -85,19 +92,29 @@ def router_objects(pool: EncoderPool, image: str) -> list[dict[str, Any]]:
         "env": [
             internal_key_env(pool, BACKEND_API_KEY_ENV, VLLM_API_KEY_KEY),
             {"name": POOL_UID_ENV, "value": pool.metadata["uid"]},
+            {"name": PROBE_PORT_ENV, "value": str(ROUTER_PROBE_PORT)},
+            # What its connection cap and body budget are derived from.
+            {
+                "name": MEMORY_LIMIT_ENV,
+                "valueFrom": {
+                    "resourceFieldRef": {"containerName": "router", "resource": "limits.memory"}
+                },
+            },
         ],
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
+            {"name": "probes", "containerPort": ROUTER_PROBE_PORT, "protocol": "TCP"},
         ],
         "securityContext": {**copy.deepcopy(RESTRICTED_CONTAINER), "readOnlyRootFilesystem": True},
         # Importing the router takes ~30 s on a busy 2-core node (seen on kind): without a
         # startup probe, liveness killed it before it listened. Liveness starts after this.
-        "startupProbe": http_probe(period=2, failures=90, path="/livez"),
+        # On the probe port: clients filling the API port's connections cannot fail them.
+        "startupProbe": http_probe(period=2, failures=90, path="/livez", port="probes"),
         # Ready while it knows a consumer; alive while it answers at all (consumers
         # rolling must not restart it).
-        "readinessProbe": http_probe(period=5, failures=3),
-        "livenessProbe": http_probe(period=15, failures=4, path="/livez"),
+        "readinessProbe": http_probe(period=5, failures=3, port="probes"),
+        "livenessProbe": http_probe(period=15, failures=4, path="/livez", port="probes"),
     }
     volumes: list[dict[str, Any]] = []
     if router.auth is not None:
