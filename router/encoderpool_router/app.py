@@ -25,6 +25,7 @@ from encoderpool_router.budget import BodyBudget
 from encoderpool_router.config import RouterSettings
 from encoderpool_router.discovery import EndpointSliceWatcher, follow
 from encoderpool_router.encode import Encoder
+from encoderpool_router.listener import quiet_bad_requests
 from encoderpool_router.metrics import RouterMetrics
 from encoderpool_router.pipeline import CHAT, COMPLETIONS, MODELS, Pipeline
 from encoderpool_router.protocol import PROBE_PATHS, error_response, request_id
@@ -158,6 +159,7 @@ class Router:
 def build_app(router: Router) -> web.Application:
     """The API application; run it with ``handler_cancellation=True``. No /metrics here:
     ``build_metrics_app`` serves them on their own port."""
+    quiet_bad_requests()
     app = web.Application(
         client_max_size=router.settings.max_body_bytes,
         # Without client tokens the middleware would only pass every request through.

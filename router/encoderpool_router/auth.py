@@ -42,7 +42,14 @@ def bearer_token(header: str | None) -> str | None:
 
 
 def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
+    return hashlib.sha256(client_bytes(token)).digest()
+
+
+def client_bytes(text: str) -> bytes:
+    """A header value's bytes as the client sent them: aiohttp decodes headers with
+    ``surrogateescape``, so bytes that are not UTF-8 come back as they were (a token
+    that matches nothing) instead of failing the request."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 class TokenFile:

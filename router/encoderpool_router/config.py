@@ -474,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
             dest=name,
             default=None,
             metavar=name.upper(),
-            help=f"{info.description}{extra} Default: {info.default!r}.",
+            help=f"{info.description}{extra} Default: {info.default!r}.".replace("%", "%%"),
         )
     return parser
 

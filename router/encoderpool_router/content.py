@@ -18,8 +18,10 @@ checked. A part that cannot be read with certainty is refused with its place
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 # Part types vLLM reads without media (text, and a tool reference's name).
 TEXT_TYPES = frozenset(
@@ -59,6 +61,12 @@ _CANONICAL = {
     "audio_url": "audio_url",
     "video_url": "video_url",
 }
+# A UTF-16 surrogate standing alone, as JSON's "\ud800" escape gives it.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# What a refusal says of such a string.
+NOT_TEXT = "holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not text"
+# How much of urlsplit's complaint (which may quote the URL) a refusal repeats.
+_COMPLAINT = 200
 
 
 class PartRefused(ValueError):
@@ -73,6 +81,30 @@ class ReadItems:
 
     parts: list[dict[str, Any]]
     changed: bool
+
+
+def lone_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate: such a string has no UTF-8 encoding, so
+    it can be neither hashed nor fetched as sent, and is no name of anything."""
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def url_unreadable(url: str) -> str | None:
+    """Why a media URL cannot be read with certainty (a 400's message), or None.
+
+    The URL guard (``media.url_problem``) reads it with ``urlsplit``: a URL that
+    parser refuses, or that is not text, names nothing the guard could check. Inline
+    data is not parsed (the guard skips it, and it may be megabytes).
+    """
+    if lone_surrogate(url):
+        return f"the media URL {NOT_TEXT}"
+    if url[:5].lower() == "data:":
+        return None
+    try:
+        urlsplit(url)
+    except ValueError as e:
+        return f"the media URL cannot be parsed: {str(e)[:_COMPLAINT]}"
+    return None
 
 
 def modality(part: dict[str, Any]) -> str:
@@ -165,6 +197,8 @@ def _read_part(part: dict[str, Any], where: str, trust_ids: bool) -> dict[str, A
     uuid = part.get("uuid")
     if uuid is not None and not isinstance(uuid, str):
         raise PartRefused(f"{where}: 'uuid' must be a string")
+    if uuid is not None and lone_surrogate(uuid):
+        raise PartRefused(f"{where}: 'uuid' {NOT_TEXT}")
     keep_id = trust_ids and uuid is not None
     if kind == "input_audio":
         audio = part.get("input_audio")
@@ -177,6 +211,8 @@ def _read_part(part: dict[str, Any], where: str, trust_ids: bool) -> dict[str, A
             raise PartRefused(
                 f"{where}: 'input_audio' must be an object with string 'data' and 'format'"
             )
+        if lone_surrogate(audio["data"]) or lone_surrogate(audio["format"]):
+            raise PartRefused(f"{where}: 'input_audio' {NOT_TEXT}")
         if typed and "uuid" not in part and set(audio) == {"data", "format"}:
             return part
         canonical: dict[str, Any] = {
@@ -190,6 +226,8 @@ def _read_part(part: dict[str, Any], where: str, trust_ids: bool) -> dict[str, A
                 f"{where}: the {kind!r} part names no media URL (a media uuid alone is "
                 "not accepted: send the item itself)"
             )
+        if unreadable := url_unreadable(url):
+            raise PartRefused(f"{where}: {unreadable}")
         out = _CANONICAL[kind]
         payload = part.get(out)
         if (

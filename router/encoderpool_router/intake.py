@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web import RequestPayloadError
 
 from encoderpool_router.body import ClientBody, NotAnObject, parse
 from encoderpool_router.budget import BODY_COPIES, Lease
@@ -25,7 +26,7 @@ from encoderpool_router.media import (
     over_limits,
     url_problem,
 )
-from encoderpool_router.protocol import TOO_DEEP, Refused, invalid
+from encoderpool_router.protocol import INVALID, TOO_DEEP, Refused, invalid
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,10 @@ async def read_body(request: web.Request, settings: RouterSettings, lease: Lease
     memory held in ``lease`` before it is spent (``Refused``: 413, 429, 503)."""
     try:
         raw = await _read(request, settings.max_body_bytes, settings.body_read_timeout_s, lease)
+    except RequestPayloadError as e:  # e.g. a body not in its Content-Encoding
+        raise Refused(
+            400, f"request body cannot be read: {e}", INVALID, "bad_request", close=True
+        ) from None
     except TimeoutError:
         raise Refused(
             408,
@@ -112,6 +117,9 @@ def classify(body: ClientBody, chat: bool, settings: RouterSettings) -> Media:
     other endpoints carry none), media parts rewritten in ``body`` to their canonical
     form; refused when a part cannot be read, the media kwargs are not trusted, or the
     items are too many."""
+    model = body.data.get("model")
+    if model is not None and not isinstance(model, str):  # as vLLM's request models
+        raise invalid("'model' must be a string")
     if refused := mm_kwargs_problem(body.data, settings.trust_request_mm_kwargs):
         raise invalid(refused)
     parts: list[dict[str, Any]] = []

@@ -24,12 +24,15 @@ can fill the first, never the second, which the kubelet alone calls.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.log import server_logger as server_log
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 # aiohttp's (and nginx's) 8 KiB: a request line or one header field (name and value)
 # longer than this is a 400 (431-like) before any handler runs.
@@ -74,6 +77,33 @@ INTERNAL_LIMITS = ConnectionLimits(
 def worst_head_bytes(max_headers: int) -> int:
     """The most request-head bytes one connection can make the router hold."""
     return MAX_LINE_BYTES + max_headers * MAX_FIELD_BYTES
+
+
+class _BadRequests(logging.Filter):
+    """aiohttp answers a malformed request (a bad header, a bad length, a body not in
+    its encoding) with a 400 itself, and logs it at ERROR with a traceback: noise in the
+    router's log, and any client can make it. One line at INFO instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        # A body that fails to decode is also met after the answer, when aiohttp drains
+        # what the handler did not read: a RequestPayloadError then.
+        client_fault = isinstance(exc, RequestPayloadError) or (
+            isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500
+        )
+        if client_fault:
+            record.msg, record.args = "bad HTTP request: %s", (str(exc).replace("\n", " "),)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_BAD_REQUESTS = _BadRequests()
+
+
+def quiet_bad_requests() -> None:
+    """Log malformed requests as one line (``_BadRequests``); idempotent."""
+    server_log.addFilter(_BAD_REQUESTS)
 
 
 class _Refuse(asyncio.Protocol):

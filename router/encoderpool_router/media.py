@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from blake3 import blake3
 
-from encoderpool_router.content import modality
+from encoderpool_router.content import modality, url_unreadable
 
 # Request fields that change what the encoder emits, so a producer must see them too:
 # the HF processor's arguments, and how media are decoded (a video's frames: num_frames,
@@ -21,6 +21,10 @@ _ENCODER_FIELDS = ("mm_processor_kwargs", "media_io_kwargs")
 # A trusted request's media kwargs, serialised, at most this long: they are a few knobs
 # (num_frames, fps, max_pixels), and each producer request of the body carries them.
 MM_KWARGS_BYTES = 4096
+# ... and nested at most this deep. Each producer request serialises them again, deeper
+# in the stack than the check here: were the recursion limit the only bound, a value
+# that passed here could fail there.
+MM_KWARGS_DEPTH = 16
 
 
 def mm_kwargs_problem(body: dict[str, Any], trusted: bool) -> str | None:
@@ -31,7 +35,7 @@ def mm_kwargs_problem(body: dict[str, Any], trusted: bool) -> str | None:
     refuses them unless started with ``--trust-request-mm-kwargs``, by the same rule
     (any non-empty value). Refused here too, before any producer is asked, rather than
     dropped: a request quietly answered with other frames than asked for would be
-    wrong. Trusted, they pass on, bounded in size.
+    wrong. Trusted, they pass on, bounded in size and depth.
     """
     for name in _ENCODER_FIELDS:
         value = body.get(name)
@@ -45,13 +49,33 @@ def mm_kwargs_problem(body: dict[str, Any], trusted: bool) -> str | None:
             )
         if not isinstance(value, dict):
             return f"{name} must be an object"
+        if _nested_past(value, MM_KWARGS_DEPTH):
+            return f"{name} is nested too deeply (at most {MM_KWARGS_DEPTH} levels)"
         try:
             size = len(json.dumps(value))
-        except RecursionError:
-            return f"{name} is nested too deeply"
+        except RecursionError:  # deep past the values _nested_past walks: too big as well
+            return f"{name} is nested too deeply (at most {MM_KWARGS_DEPTH} levels)"
         if size > MM_KWARGS_BYTES:
             return f"{name} is over {MM_KWARGS_BYTES} bytes serialised"
     return None
+
+
+def _nested_past(value: Any, most: int) -> bool:
+    """Whether ``value`` nests lists or objects more than ``most`` deep. Walked without
+    recursion, and over at most ``MM_KWARGS_BYTES`` values: each serialises to a byte at
+    least, so past that the size refuses it anyway."""
+    todo = [(value, 1)]
+    for _ in range(MM_KWARGS_BYTES):
+        if not todo:
+            return False
+        item, depth = todo.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            if depth > most:
+                return True
+            todo.extend((child, depth + 1) for child in item)
+    return False
 
 
 def over_limits(items: list[dict[str, Any]], most: int, per_modality: dict[str, int]) -> str | None:
@@ -93,8 +117,14 @@ def url_problem(
     never a private, loopback or link-local address (as a literal, or as what the
     name resolves to here) unless ``allow_private``. vLLM resolves again when it
     fetches, so this is a guard, not a wall: NetworkPolicy egress is the wall.
+    Never raises: what it cannot read is refused.
     """
-    parts = urlsplit(url)
+    if unreadable := url_unreadable(url):
+        return unreadable
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "data://[": url_unreadable leaves inline data unparsed
+        return "the media URL cannot be parsed"
     scheme = parts.scheme.lower()
     if scheme == "data":
         return None
@@ -111,6 +141,8 @@ def url_problem(
         addresses = [host] if _is_ip(host) else _resolve(host) if resolve else []
     except OSError:
         return None  # unresolvable here: vLLM's fetch fails on its own
+    except ValueError:  # UnicodeError: IDNA refuses it (an empty label, one over 63 ...)
+        return f"media URL host {host!r} is not a valid host name"
     if any(_private(a) for a in addresses):
         return f"media URL host {host!r} is a private, loopback or link-local address"
     return None
@@ -142,18 +174,25 @@ def media_key(
     AVX-512 it is 3-4x faster than SHA-256 even with SHA-NI (0.36 against 1.2 ms
     for a 2 MB image here). ``utf8_of`` (``ClientBody.utf8_of``) gives a long
     URL's UTF-8 as the client's own bytes, so it is not encoded again: the same
-    key either way.
+    key either way. A lone surrogate (``content`` refuses it before) is hashed as
+    itself (``surrogatepass``), not raised on: the key is total.
     """
     uuid = part.get("uuid")
     if isinstance(uuid, str) and uuid:
-        return blake3(b"uuid\0" + uuid.encode()).digest(16)
+        return blake3(b"uuid\0" + _utf8(uuid)).digest(16)
     payload = part.get(str(part.get("type")))
     url = payload.get("url") if isinstance(payload, dict) else None
     if isinstance(url, str):
         raw = utf8_of(url) if utf8_of is not None else None
-        return blake3(raw if raw is not None else url.encode()).digest(16)
+        return blake3(raw if raw is not None else _utf8(url)).digest(16)
     data = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return blake3(data).digest(16)
+
+
+def _utf8(text: str) -> bytes:
+    """``text``'s UTF-8, a lone surrogate encoded as itself instead of raising: bytes no
+    valid string's UTF-8 holds, so distinct strings still give distinct bytes."""
+    return text.encode("utf-8", "surrogatepass")
 
 
 def encoder_request(body: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,9 @@ ERROR_KINDS = (
     "body_timeout",  # the body took longer than --body-read-timeout-s to arrive: 408
     "client_requests_limit",  # a client past --max-requests-per-client: 429
     "client_items_limit",  # a client past --max-items-per-client: 429
+    "client_body_memory",  # a client holding its share of --body-memory-bytes: 429
+    "body_memory_full",  # the router holds --body-memory-bytes of bodies: 503
+    "body_memory",  # a body that would pass any client's share once parsed: 413
     "too_many_items",  # more media items than --max-items-per-request / --limit-mm-per-prompt
     "media_url_refused",  # a media URL of another scheme, host or a private address: 400
     "producer_saturated",  # no producer slot free within --producer-timeout-s (consumer encodes)

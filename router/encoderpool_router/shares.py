@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from aiohttp import web
 
-from encoderpool_router.auth import bearer_token
+from encoderpool_router.auth import bearer_token, client_bytes
 from encoderpool_router.protocol import over_share
 
 
@@ -26,7 +26,7 @@ def client_of(request: web.Request, by_token: bool) -> str:
     if by_token:
         token = bearer_token(request.headers.get("Authorization"))
         if token is not None:
-            return "token:" + hashlib.sha256(token.encode()).hexdigest()[:32]
+            return "token:" + hashlib.sha256(client_bytes(token)).hexdigest()[:32]
     return "addr:" + (request.remote or "unknown")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from e2e.vllm_server import REPO, base_env
-from encoderpool_router.config import RouterSettings, parse_settings
+from encoderpool_router.config import RouterSettings, build_parser, parse_settings
 
 
 def test_flags_parse_into_settings() -> None:
@@ -144,3 +144,8 @@ def test_the_router_imports_neither_torch_nor_vllm() -> None:
         timeout=60,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_help_lists_every_flag() -> None:
+    text = build_parser().format_help()  # a stray % in a description would raise here
+    assert all(f"--{n.replace('_', '-')}" in text for n in RouterSettings.model_fields)

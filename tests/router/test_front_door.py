@@ -73,7 +73,9 @@ def test_one_address_cannot_take_every_connection() -> None:
                 assert (await asyncio.wait_for(third.read(), 10)).startswith(b"HTTP/1.1 503")
                 # A held connection closing frees its address's slot.
                 held[0][1].close()
-                await async_wait_until("three open", lambda: len(runner.server.connections) == 3)
+                server = runner.server
+                assert server is not None
+                await async_wait_until("three open", lambda: len(server.connections) == 3)
                 r, w = await connect(port)
                 w.write(LIVEZ)
                 assert await status_of(r) == b"200"
@@ -228,3 +230,48 @@ def test_the_plan_fits_the_limit_and_follows_it() -> None:
     given = plan(2 << 30, 32, 64 * MIB, max_connections=100)
     assert given.max_connections == 100
     assert given.body_bytes > default.body_bytes
+
+
+def test_bodies_past_the_budget_are_refused_before_they_are_read() -> None:
+    async def scenario() -> None:
+        consumer = FakeBackend("consumer", delay_s=2.0)
+        async with fakes(consumer) as (curl,):
+            router = Router(
+                RouterSettings(
+                    consumers=(curl,),
+                    max_body_bytes=2 * MIB,
+                    body_memory_bytes=9 * MIB,
+                    body_memory_per_client_bytes=5 * MIB,
+                )
+            )
+            async with listening(build_app(router), limits(max_per_address=8)) as (_, port):
+                text = json.dumps({"model": "m", "prompt": "x" * (2 * MIB - 100)}).encode()
+                head = (
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    b"application/json\r\nContent-Length: %d\r\n\r\n" % len(text)
+                )
+                # One whole body at the slow consumer holds 2 x 2 MiB of the client's 5.
+                r1, w1 = await connect(port)
+                w1.write(head + text)
+                await async_wait_until("held", lambda: router.budget.held >= 3 * MIB)
+                # The same client again: its share is held; refused before a byte is read.
+                r2, w2 = await connect(port)
+                w2.write(head)  # the body never comes
+                assert await status_of(r2) == b"429"
+                # Another client fits the share, not the total once a third holds it.
+                _, w3 = await connect(port, "127.0.0.2")
+                w3.write(head)
+                await async_wait_until("two held", lambda: router.budget.held >= 7 * MIB)
+                r4, w4 = await connect(port, "127.0.0.3")
+                w4.write(head)
+                assert await status_of(r4) == b"503"
+                assert await status_of(r1) == b"200"
+                w3.close()  # its unfinished body's reservation is given back
+                await async_wait_until("given back", lambda: router.budget.held == 0)
+                sample = router.metrics.registry.get_sample_value
+                for kind in ("client_body_memory", "body_memory_full"):
+                    assert sample("encoderpool_router_errors_total", {"kind": kind}) == 1
+                for w in (w1, w2, w4):
+                    w.close()
+
+    run(scenario())
