@@ -336,6 +336,10 @@ class Stub:
             stop_group(self.proc)
 
 
+# See Router.start.
+BENCH_CLIENT_BODY_MEMORY = 512 << 20
+
+
 @dataclass
 class Router:
     """``python -m encoderpool_router`` importing from ``tree`` (the current one, or a
@@ -366,6 +370,10 @@ class Router:
         argv += ["--host", "127.0.0.1", "--port", str(self.port)]
         argv += ["--metrics-port", str(free_port()), *self.args]
         env = {**self.env(), env_name("probe_port"): str(free_port())}
+        # The load generator's clients all come from 127.0.0.1: one client to the router,
+        # whose default share of body memory (a quarter of the budget) holds about 40
+        # bodies of 2 MB. Here the share is the whole budget, the rest as deployed.
+        env[env_name("body_memory_per_client_bytes")] = str(BENCH_CLIENT_BODY_MEMORY)
         self.proc = start_group(argv, env, self.log)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -6,10 +6,11 @@ memory limit (a cgroup, ``e2e.cgroup``), its Services swapped for a stub consume
 (``benchmarks.router_stub``: vLLM-shaped answers after a delay the request names).
 Phase after phase, one client on 127.0.0.1 mounts one attack:
 
-- ``connections``: as many connections as it may open, half silent, half stopped in
-  the middle of a request head, reopened as the router closes them;
-- ``heads``: as many connections, each with the largest unfinished head allowed
-  (``max_headers`` fields of 8 KiB);
+- ``connections``: as many connections as it may open (4,200 tries, past any cap the
+  router has had), half silent, half stopped in the middle of a request head,
+  reopened as the router closes or refuses them;
+- ``heads``: a thousand tries at connections each holding the largest unfinished
+  head allowed (``max_headers`` fields of 8 KiB);
 - ``unfinished-bodies``: large bodies declared and never finished;
 - ``complete-bodies``: large bodies sent whole to a consumer that takes 20 s;
 - ``large-answers``: non-streamed answers of tens of MiB, read slowly;
@@ -46,7 +47,7 @@ from typing import Any
 import yaml
 
 from e2e.cgroup import memory_limited, rss_bytes
-from e2e.processes import start_group, stop_group
+from e2e.processes import exit_on_sigterm, start_group, stop_group
 from e2e.vllm_server import REPO, base_env, free_port
 from encoderpool_contracts.router_args import MEMORY_LIMIT_ENV, PROBE_PORT_ENV
 from encoderpool_operator.api import EncoderPool, parse_quantity
@@ -60,6 +61,8 @@ PHASE_S = 14.0  # past the router's 10 s head deadline, so it closes what it mus
 BODY_BYTES = 48 * MIB
 ANSWER_TOKENS = 1_500_000  # about 30 MiB of JSON from the stub
 SLOW_CONSUMER_MS = 20_000
+CONNECTIONS = 4200  # past the 4,096 the router's one cap used to be
+HEADS = 1000
 PHASES = (
     "connections",
     "heads",
@@ -258,7 +261,7 @@ async def _hold(port: int, source: str, opening: bytes, stop: asyncio.Event, tal
             tally.note(f"error:{type(e).__name__}")
         finally:
             w.close()
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # then again: a refused or closed slot is tried once a second
 
 
 def worst_head(max_headers: int) -> bytes:
@@ -329,14 +332,13 @@ def attack(
     phase: str, port: int, r: Rendered, stop: asyncio.Event, tally: Tally
 ) -> list[asyncio.Task[None]]:
     """The attacker's tasks for ``phase``."""
-    n = 2 * r.per_address  # more than it may open: the rest must be refused
     if phase == "connections":
         half = b"POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nX-Half"
-        openings = [b"" if i % 2 else half for i in range(n)]
+        openings = [b"" if i % 2 else half for i in range(CONNECTIONS)]
         coros = [_hold(port, HOSTILE, o, stop, tally) for o in openings]
     elif phase == "heads":
         head = worst_head(r.max_headers)
-        coros = [_hold(port, HOSTILE, head, stop, tally) for _ in range(n)]
+        coros = [_hold(port, HOSTILE, head, stop, tally) for _ in range(HEADS)]
     elif phase in ("unfinished-bodies", "complete-bodies"):
         finish = phase == "complete-bodies"
         body = image_body(BODY_BYTES, f"stub-delay-ms={SLOW_CONSUMER_MS}")
@@ -426,9 +428,12 @@ def run(
     phases: tuple[str, ...] = PHASES,
     router_tree: Path | None = None,
     limit: bool = True,
+    max_headers: int | None = None,
 ) -> Run:
     """Start the stub consumer and the router as rendered, run each phase; the results."""
     r = rendered_router()
+    if max_headers is not None:
+        r.max_headers = max_headers
     consumer_port, port, metrics_port, probe_port = (free_port() for _ in range(4))
     stub = start_group(
         [sys.executable, "-m", "benchmarks.router_stub", "--role", "consumer",
@@ -504,11 +509,20 @@ def main() -> int:
     ap.add_argument("--router-tree", type=Path, help="another tree's router (before/after)")
     ap.add_argument("--no-limit", action="store_true", help="no memory limit: measure only")
     ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument(
+        "--max-headers",
+        type=int,
+        help="header fields the router allows (its default: 32; "
+        "aiohttp's, in routers before the limit: 128)",
+    )
     a = ap.parse_args()
+    exit_on_sigterm()
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="front-door-") as tmp:
-        result = run(Path(tmp), tuple(a.phases.split(",")), a.router_tree, limit=not a.no_limit)
+        result = run(
+            Path(tmp), tuple(a.phases.split(",")), a.router_tree, not a.no_limit, a.max_headers
+        )
     limit, idle = result.limit / MIB, result.idle_rss / MIB
     print(f"limit {limit:.0f} MiB ({result.how}); idle rss {idle:.1f} MiB")
     for res in result.results:

@@ -15,8 +15,9 @@ sent on only when
 - no object anywhere repeats a key (a parser keeping the first duplicate
   instead of the last would otherwise see another request than the router
   checked), and
-- there is no top-level ``ec_transfer_params`` in any spelling (escapes
-  included: the parsed key is compared), since the router owns that field.
+- none of the fields the router owns (``ROUTER_OWNED``, at the top level or in
+  ``vllm_xargs``) is there in any spelling (escapes included: the parsed key is
+  compared).
 
 Otherwise, or once the router changed anything else (a dropped ``uuid``),
 the parsed body is re-serialised.

@@ -9,6 +9,7 @@ re-measured and rolled on a model change, surviving ``helm upgrade`` and
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from e2e.kind.pool import (
 )
 from e2e.media import chat_request, image
 from encoderpool_contracts import WidthReport
+from encoderpool_operator.render.pod import RESTRICTED_CONTAINER, RESTRICTED_POD
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kind
@@ -40,6 +42,7 @@ NS = "kind-sv"
 # vLLM's DEBUG line on a cache hit names the class by its module.
 ARCH = "vllm.model_executor.models.qwen2_vl.Qwen2VLForConditionalGeneration"
 POOL = "tiny"
+ATTACKER = Path(__file__).resolve().parents[2] / "e2e" / "kind" / "attacker.py"
 
 
 def pool_status(kind: KindCluster) -> dict[str, Any]:
@@ -106,6 +109,73 @@ def test_answer_equals_monolithic_and_consumer_did_not_encode(
     assert encoded(kind, NS, POOL, "consumer") == 0, "the consumer encoded by itself:\n" + (
         why_local(kind)
     )
+
+
+def router_pod(kind: KindCluster) -> dict[str, Any]:
+    (pod,) = kind.get(
+        "pods", "-n", NS, "-l", f"app.kubernetes.io/instance={POOL},"
+        "app.kubernetes.io/component=router",
+    )["items"]  # fmt: skip
+    return dict(pod)
+
+
+def test_one_hostile_client_leaves_the_router_ready_and_never_restarts_it(
+    kind: KindCluster, pool: dict[str, Any], images: Images
+) -> None:
+    """A pod holding every connection it may open (half silent, half with the largest
+    unfinished head) and unfinished 48 MiB bodies, for 60 s, against the router pod with
+    its real limit: its probes (readiness on the probe port) stay green, it is never
+    restarted, and it answers afterwards."""
+    before = router_pod(kind)
+    name = before["metadata"]["name"]
+    restarts = before["status"]["containerStatuses"][0]["restartCount"]
+    kind.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "attacker", "namespace": NS},
+            "spec": {
+                "restartPolicy": "Never",
+                "securityContext": RESTRICTED_POD,
+                "containers": [
+                    {
+                        "name": "attacker",
+                        "image": images.operator,
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["python", "-c", ATTACKER.read_text()],
+                        "args": [f"{POOL}.{NS}.svc", "8000", "60", "1000"],
+                        "securityContext": RESTRICTED_CONTAINER,
+                    }
+                ],
+            },
+        }
+    )
+    try:
+        unready: list[str] = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            phase = kind.get("pod", "-n", NS, "attacker")["status"].get("phase")
+            now = router_pod(kind)
+            (ready,) = [c for c in now["status"]["conditions"] if c["type"] == "Ready"]
+            if ready["status"] != "True":
+                unready.append(ready.get("message", ""))
+            if phase in ("Succeeded", "Failed"):
+                break
+            time.sleep(2)
+        answered = kind.kubectl("logs", "-n", NS, "attacker").strip().splitlines()[-1]
+        print("attacker was answered:", answered)
+        seen = json.loads(answered)
+    finally:
+        kind.kubectl("delete", "pod", "-n", NS, "attacker", "--wait=false", check=False)
+    after = router_pod(kind)
+    assert after["metadata"]["name"] == name, "the router pod was replaced"
+    assert after["status"]["containerStatuses"][0]["restartCount"] == restarts
+    assert not unready, f"the router went unready: {unready}"
+    assert seen.get("503", 0) > 0, seen  # connections past its address's share, refused
+    assert seen.get("429", 0) > 0, seen  # bodies past its share of body memory
+    # The pool still answers.
+    got, expected = token_ids_pool_and_monolithic(kind, NS, pool, [chat_request(image(9))])
+    assert got == expected
 
 
 def test_vllm_pods_start_from_the_images_model_class_cache(

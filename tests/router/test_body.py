@@ -473,3 +473,23 @@ def test_other_encodings_with_a_long_value_are_parsed_as_before(encoding: str) -
     part = b.data["messages"][1]["content"][1]
     assert b.utf8_of(part["image_url"]["url"]) is None
     assert json.loads(b.upstream(PARAMS)) == {**doc, EC: PARAMS}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "vllm_xargs": {"ec_transfer_params": "x", "keep": 1}}',
+        b'{"model": "m", "vllm_xargs": {"kv_transfer_params": "x", "keep": 1}}',
+        b'{"model": "m", "vllm_xargs": {"ec\\u005ftransfer_params": "x", "keep": 1}}',
+        b'{"model": "m", "kv_transfer_params": {"remote": 1}, "vllm_xargs": {"keep": 1}}',
+    ],
+)
+def test_the_fields_the_router_owns_are_dropped_inside_vllm_xargs_too(raw: bytes) -> None:
+    """vLLM copies ``vllm_xargs`` into the sampling parameters' extra args, where the
+    connectors read ``ec_transfer_params``: a client's never reaches a consumer that way."""
+    body = parse(raw)
+    sent = json.loads(body.upstream({"mm_hash": "router's"}))
+    assert sent["vllm_xargs"] == {"keep": 1}
+    assert "kv_transfer_params" not in sent
+    assert sent["ec_transfer_params"] == {"mm_hash": "router's"}
+    assert not body.verbatim

@@ -1062,7 +1062,8 @@ class RouterSpec(ApiModel):
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
         description="Resources of the router container; empty: requests 250m CPU and "
-        "256Mi, limits 2 CPU and 2Gi (anything given replaces all four).",
+        "256Mi, limits 2 CPU and 2Gi (anything given replaces all four). The router sizes "
+        "its connection cap and its memory for request bodies from the memory limit.",
     )
     trust_client_media_ids: bool = Field(
         default=False,
