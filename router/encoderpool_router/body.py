@@ -201,9 +201,16 @@ STR_BYTES_PER_BYTE = 4
 Reserve = Callable[[int], None]
 
 
+# Texts this short are charged as if every other byte began a value (a value and its
+# separator take two bytes at least), not counted: cheaper than looking, and small.
+COUNTED_TEXT = 64 << 10
+
+
 def parse_cost(held: int, text: bytes | memoryview) -> int:
     """The memory a parse of ``text`` may take at most, with ``held`` bytes already held
     (the body as read): ``text`` decoded, its strings, and an object per value."""
+    if len(text) < COUNTED_TEXT:
+        return held + (STR_BYTES_PER_BYTE + VALUE_BYTES // 2) * len(text)
     b = text if isinstance(text, bytes) else bytes(text)
     values = b.count(b",") + b.count(b":") + b.count(b"[") + b.count(b"{")
     return held + STR_BYTES_PER_BYTE * len(b) + VALUE_BYTES * values

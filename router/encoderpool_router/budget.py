@@ -20,8 +20,6 @@ full, 429 when its client holds its share, 413 when it could never fit a share.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from encoderpool_router.listener import INTERNAL_LIMITS, worst_head_bytes
@@ -123,7 +121,8 @@ def plan(
 
 
 class Lease:
-    """One request's hold on the body budget; it only grows until released."""
+    """One request's hold on the body budget; it only grows, and is given back whole
+    when the request is answered (``with budget.lease(client) as lease``)."""
 
     __slots__ = ("budget", "client", "held")
 
@@ -138,6 +137,12 @@ class Lease:
             self.budget.take(self, n - self.held)
             self.held = n
 
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.budget.give_back(self)
+
 
 class BodyBudget:
     """Body memory held, in all and per client; a client is forgotten when it holds none."""
@@ -148,14 +153,10 @@ class BodyBudget:
         self.held = 0
         self._clients: dict[str, int] = {}
 
-    @contextmanager
-    def lease(self, client: str) -> Iterator[Lease]:
-        """A lease for one request of ``client``, given back whatever happens."""
-        lease = Lease(self, client)
-        try:
-            yield lease
-        finally:
-            self._give_back(lease)
+    def lease(self, client: str) -> Lease:
+        """A lease for one request of ``client``, to hold with ``with`` (given back
+        whatever happens)."""
+        return Lease(self, client)
 
     def take(self, lease: Lease, n: int) -> None:
         mine = self._clients.get(lease.client, 0)
@@ -184,7 +185,7 @@ class BodyBudget:
         self.held += n
         self._clients[lease.client] = mine + n
 
-    def _give_back(self, lease: Lease) -> None:
+    def give_back(self, lease: Lease) -> None:
         if not lease.held:
             return
         self.held -= lease.held

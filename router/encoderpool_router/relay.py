@@ -7,6 +7,8 @@ obtain must not fail the retry (the next one loads what it finds, or encodes). T
 answer goes back as it comes: JSON whole when small and passed through when large
 (``ANSWER_BUFFER``), SSE chunk by chunk. Once a stream's
 headers are sent it is too late to retry: a broken stream ends with an error event.
+``accepted`` is called as soon as a consumer's answer is known to be a 2xx (its headers:
+a whole JSON answer, or the start of a stream), before the answer is relayed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -74,10 +76,12 @@ class Relay:
         params: dict[str, Any],
         affinity: bytes | None,
         rid: str,
+        accepted: Callable[[], None] | None = None,
     ) -> web.StreamResponse:
         """``body`` (None: a GET) with ``params`` to a consumer, retrying a failure on
         another; the consumer's answer. ``affinity``: the first media item's key (None:
-        no media), for ``media-affinity``."""
+        no media), for ``media-affinity``. ``accepted``: called when a consumer answers
+        2xx (once per such answer: with retries, make it idempotent)."""
         try:
             data = body.upstream_parts(params) if body is not None else None
         except RecursionError:  # parsed, but too deep to write again from this stack
@@ -99,7 +103,7 @@ class Relay:
             tried.append(consumer)
             try:
                 return await self._try(
-                    request, consumer, path, data, rid, last_try=attempt == attempts - 1
+                    request, consumer, path, data, rid, attempt == attempts - 1, accepted
                 )
             except UpstreamError as e:
                 last = f"{consumer.url}: {e}"
@@ -130,6 +134,7 @@ class Relay:
         data: Sequence[bytes | memoryview] | None,
         rid: str,
         last_try: bool,
+        accepted: Callable[[], None] | None = None,
     ) -> web.StreamResponse:
         """One attempt on ``consumer``: ``UpstreamError`` when it may be retried (a 5xx is
         passed on as it is on the last try)."""
@@ -138,6 +143,8 @@ class Relay:
             resp = await self._send(consumer, path, data, rid)
             self.metrics.consumer_first_byte.observe(time.perf_counter() - start)
             try:
+                if accepted is not None and 200 <= resp.status < 300:
+                    accepted()
                 if resp.status >= 500 and not last_try:
                     text = await resp.text(errors="replace")
                     raise UpstreamError("consumer_error", f"HTTP {resp.status}: {text[:200]}")
@@ -203,6 +210,15 @@ class Relay:
         on another consumer), passed through once it passes ``ANSWER_BUFFER`` (a large
         ``n`` or ``prompt_logprobs`` answer is never held whole)."""
         rid = headers[REQUEST_ID]
+        length = resp.content_length
+        if length is not None and length <= ANSWER_BUFFER:  # the common case, read at once
+            try:
+                data = await resp.read()
+            except TimeoutError:
+                raise UpstreamError("consumer_timeout", "read timed out", eject=True) from None
+            except aiohttp.ClientError as e:
+                raise UpstreamError("consumer_error", f"read failed: {e!r}") from None
+            return web.Response(body=data, status=resp.status, headers=headers)
         chunks: list[bytes] = []
         size = 0
         while size < ANSWER_BUFFER:
