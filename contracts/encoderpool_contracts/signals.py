@@ -13,7 +13,9 @@ chosen.
 # (<pool>-producer, <pool>-producer-<group>).
 ENCODER_INFLIGHT_SECONDS = "encoderpool_router_encoder_inflight_seconds_total"
 # Items the router wanted a producer for but found none ready (the group at zero, or all
-# ejected): the consumer encoded them. Its rate wakes a group scaled to zero. Label: group.
+# ejected): the consumer encoded them. Counted once a consumer accepted their request,
+# each item once per window and one client's within its share. Its rate wakes a group
+# scaled to zero. Label: group.
 ENCODER_UNSERVED_ITEMS = "encoderpool_router_encoder_unserved_items_total"
 # Items in flight to a group right now (a gauge, for dashboards and the dispatch decision).
 ENCODER_INFLIGHT_ITEMS = "encoderpool_router_encoder_inflight_items"

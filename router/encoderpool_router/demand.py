@@ -8,7 +8,12 @@ exports the producers' scaling signal (names in ``encoderpool_contracts.signals`
   second asked of the group, exact whatever the scrape interval, where a gauge sampled
   every 15 s would see bursts or miss them;
 - the items that wanted a producer but found none ready (the group at zero or all
-  ejected): the consumer encoded them, and their rate wakes the group.
+  ejected): the consumer encoded them, and their rate wakes the group. An item counts
+  only once the consumer accepted its request (a 2xx, or the start of a 200 stream: a
+  request it refuses asked nothing of any encoder), once per media key within
+  ``UNSERVED_WINDOW_S`` (repeats of one image are one item of demand), and one client's
+  at most ``share`` of them within that window (its share of the producers' items):
+  no client alone can hold a group awake with requests that cost it nothing.
 
 ``decide`` is the dispatch decision: with ``when-faster`` an item goes to a producer
 only when that is expected to cost less than the consumer encoding it. Encoding on the
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -77,6 +83,79 @@ def decide(
     return Dispatch("consumer", "consumer_idle" if consumer_load == 0 else "producers_busy")
 
 
+# An unserved item is counted once per media key within this window: the wake signal's
+# own (the operator's wake query is a rate over 5 minutes), so the same image sent again
+# and again while a group sleeps is one item of demand, not one per request.
+UNSERVED_WINDOW_S = 300.0
+# Media keys remembered for that window, at most (about 100 bytes each): past it the
+# oldest are forgotten early, and a repeat of one of them may count again.
+UNSERVED_KEYS = 1 << 14
+
+
+class FirstSeen:
+    """Which unserved items count: each media key once within ``window_s``, and one
+    client's at most ``share`` of the keys counted within that window.
+
+    At most ``capacity`` keys are held, oldest first out; a client is held only while
+    keys it counted are, so neither table outgrows ``capacity``. Not thread-safe: the
+    caller holds its own lock.
+    """
+
+    def __init__(
+        self,
+        share: int,
+        window_s: float = UNSERVED_WINDOW_S,
+        capacity: int = UNSERVED_KEYS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        assert share >= 1, share
+        assert window_s > 0, window_s
+        assert capacity >= 1, capacity
+        self.share = share
+        self.window_s = window_s
+        self.capacity = capacity
+        self._clock = clock
+        # (group, key) -> (when it stops counting, the client it counted for), in the
+        # order counted: with one window for all, also the order they expire in.
+        self._keys: OrderedDict[tuple[str, bytes], tuple[float, str]] = OrderedDict()
+        self._by_client: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def clients(self) -> int:
+        return len(self._by_client)
+
+    def admit(self, client: str, group: str, key: bytes) -> bool:
+        """Whether ``client``'s item ``key`` of ``group`` counts now (and remember it if so)."""
+        now = self._clock()
+        while self._keys:
+            _, (until, _) = next(iter(self._keys.items()))
+            if until > now:
+                break
+            self._forget()
+        entry = (group, key)
+        if entry in self._keys:
+            return False
+        held = self._by_client.get(client, 0)
+        if held >= self.share:
+            return False
+        self._keys[entry] = (now + self.window_s, client)
+        self._by_client[client] = held + 1
+        while len(self._keys) > self.capacity:
+            self._forget()
+        return True
+
+    def _forget(self) -> None:
+        """Drop the oldest key, and its client with its last key."""
+        _, (_, client) = self._keys.popitem(last=False)
+        held = self._by_client[client] - 1
+        if held:
+            self._by_client[client] = held
+        else:
+            del self._by_client[client]
+
+
 class _Group:
     __slots__ = ("in_flight", "integral", "since", "unserved")
 
@@ -100,9 +179,11 @@ class EncoderDemand(Collector):
         groups: Iterable[str],
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        share: int = 64,  # the router passes --max-items-per-client
     ) -> None:
         self._clock = clock
         self._lock = threading.Lock()
+        self._first = FirstSeen(share, clock=clock)
         now = clock()
         self._groups = {g: _Group(now) for g in groups}
         self._decisions: dict[tuple[str, str], int] = {
@@ -143,12 +224,22 @@ class EncoderDemand(Collector):
                 g.in_flight -= 1
 
     def record(self, group: str, dispatch: Dispatch) -> None:
-        """Count a decision; one that found no producer is unserved demand too."""
+        """Count a decision (when it is made: the request may still be refused)."""
         with self._lock:
-            g = self._group(group)
+            self._group(group)
             self._decisions[(group, dispatch.reason)] += 1
-            if dispatch.reason == "no_producer":
-                g.unserved += 1
+
+    def unserved(self, client: str, items: Iterable[tuple[str, bytes]]) -> int:
+        """Count ``client``'s items (group, media key) that found no producer ready, once
+        a consumer accepted their request: each key once within the window, the client's
+        at most its share (``FirstSeen``). Returns how many counted."""
+        counted = 0
+        with self._lock:
+            for group, key in items:
+                if self._first.admit(client, group, key):
+                    self._group(group).unserved += 1
+                    counted += 1
+        return counted
 
     def collect(self) -> Iterator[Metric]:
         gauge = GaugeMetricFamily(
@@ -165,7 +256,9 @@ class EncoderDemand(Collector):
         unserved = CounterMetricFamily(
             ENCODER_UNSERVED_ITEMS.removesuffix("_total"),
             "Media items that found no producer of their group ready (the consumer encoded "
-            "them): demand that wakes a group scaled to zero.",
+            "them), counted once a consumer accepted their request, each item once per "
+            "window and one client's at most its share: demand that wakes a group scaled "
+            "to zero.",
             labels=[LABEL_GROUP],
         )
         decisions = CounterMetricFamily(

@@ -8,6 +8,10 @@ to the consumer, which encodes it itself: its modality has no group, no producer
 came free within ``--producer-timeout-s``, no producer is known, or the producer failed.
 A failed encode never fails the request.
 
+An item left to the consumer because its group had no producer ready is the group's
+unserved demand: ``Local.unserved`` keeps it, and ``Encoder.unserved`` counts it once
+the consumer accepted the request (``demand.EncoderDemand.unserved``).
+
 ``Encoder.decide`` is where an item's way is chosen; a group's ``Backlog`` (items
 waiting for a producer slot, items in flight on each producer) is what it sees.
 """
@@ -75,12 +79,14 @@ class Backlog:
 
 
 class Local:
-    """How many of one request's items were left to the consumer so far."""
+    """One request's items left to the consumer so far: how many, and which of them
+    (group, media key) found no producer of their group ready."""
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "unserved")
 
     def __init__(self) -> None:
         self.items = 0
+        self.unserved: list[tuple[str, bytes]] = []
 
 
 class Encoder:
@@ -104,7 +110,9 @@ class Encoder:
         names = {id(s): service for service, s in groups.services.items()}
         backlogs = {id(s): Backlog(s, names.get(id(s), s.role)) for s in groups.sets}
         self.demand = EncoderDemand(
-            sorted(b.group for b in backlogs.values()), registry=metrics.registry
+            sorted(b.group for b in backlogs.values()),
+            registry=metrics.registry,
+            share=settings.max_items_per_client,
         )
         self.backlogs = {m: backlogs[id(s)] for m, s in groups.by_modality.items()}
         self.recent = (
@@ -116,10 +124,13 @@ class Encoder:
         self._slots = asyncio.Semaphore(settings.max_producer_requests)
         self._timeout = aiohttp.ClientTimeout(total=settings.producer_timeout_s)
 
-    async def encode(self, body: ClientBody, media: Media, rid: str) -> dict[str, Any]:
+    async def encode(
+        self, body: ClientBody, media: Media, rid: str
+    ) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
         """Each distinct item (an item repeated in the request is encoded once) on a
         producer, at most ``max_encodes_per_request`` at once; the merged params of those
-        that answered."""
+        that answered, and the items (group, media key) that found no producer ready:
+        count them with ``unserved`` once a consumer accepted the request."""
         by_key: dict[bytes, dict[str, Any]] = {}
         for key, part in zip(media.keys, media.parts, strict=True):
             by_key.setdefault(key, part)
@@ -145,16 +156,25 @@ class Encoder:
         for where, params in results:
             self.metrics.items_by[where].inc()
             merged.update(params)
-        return merged
+        return merged, local.unserved
 
-    def decide(self, key: bytes, backlog: Backlog | None, local: int = 0) -> Way:
+    def unserved(self, client: str, items: list[tuple[str, bytes]]) -> None:
+        """A consumer accepted the request: its items that found no producer ready are
+        the groups' unserved demand (each counted once, within the client's share).
+        Empties ``items``, so a second call counts nothing."""
+        if items:
+            self.demand.unserved(client, items)
+            items.clear()
+
+    def decide(self, key: bytes, backlog: Backlog | None, local: Local | None = None) -> Way:
         """Where one item (``key``: its media key) is encoded, given its group's backlog
         (None: its modality has no group): on a producer; ``local``, by the consumer;
         or ``reused``, by nobody, a producer having encoded it moments ago (the consumer
         finds the entry by hash, or encodes it if it is gone). ``local``: this request's
         items already left to the consumer. Every decision on a group is counted
-        (``demand.record``); one that found no producer ready is the group's unserved
-        demand, which wakes it from zero."""
+        (``demand.record``); an item that found no producer ready joins
+        ``local.unserved``, the group's unserved demand once the consumer accepts the
+        request."""
         if backlog is None:
             return "local"
         if self.recent is not None and self.recent.fresh(key):
@@ -163,11 +183,13 @@ class Encoder:
             self.settings.dispatch,
             backlog.ready,
             backlog.total(),
-            self.consumer_load() + local,
+            self.consumer_load() + (local.items if local is not None else 0),
         )
         self.demand.record(backlog.group, dispatch)
         if dispatch.reason == "no_producer":
             self.metrics.error("producer_unavailable")
+            if local is not None:
+                local.unserved.append((backlog.group, key))
         return "producer" if dispatch.to == "producer" else "local"
 
     async def _encode_one(
@@ -175,7 +197,7 @@ class Encoder:
     ) -> tuple[Encoded, dict[str, Any]]:
         """One item: ("remote", its params) from a producer, else ("local" | "reused", {})."""
         backlog = self.backlogs.get(modality(part))
-        way = self.decide(key, backlog, local.items)
+        way = self.decide(key, backlog, local)
         if way == "local":
             local.items += 1
         if way != "producer":

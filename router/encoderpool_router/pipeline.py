@@ -2,6 +2,7 @@
 
     read the body → classify its content parts → admit its items (the client's share)
     → encode them on producers → choose a consumer and relay its answer
+    → once the consumer accepted it, count its items that found no producer ready
 
 ``Pipeline.walk`` is that list, one line a step; each step is a unit of its own
 (``intake``, ``shares``, ``encode``, ``relay``). A step that refuses the request raises
@@ -108,14 +109,22 @@ class Pipeline:
     async def walk(
         self, request: web.Request, endpoint: Endpoint, rid: str, client: str, lease: Lease
     ) -> web.StreamResponse:
-        """Read → classify → admit → encode → choose a consumer and relay."""
+        """Read → classify → admit → encode → choose a consumer and relay (the items that
+        found no producer ready counted once the consumer accepted the request)."""
         if not endpoint.body:
             return await self.relay.forward(request, endpoint.path, None, {}, None, rid)
         body = await read_body(request, self.settings, lease)  # 408, 413, 400, 429, 503
         media = classify(body, endpoint.media, self.settings)  # 400
         await check_media_urls(media, self.settings)  # 400
         params: dict[str, Any] = {}
+        unserved: list[tuple[str, bytes]] = []
         if media.parts:
             with self.shares.items(client, media.distinct):  # 429
-                params = await self.encoder.encode(body, media, rid)
-        return await self.relay.forward(request, endpoint.path, body, params, media.affinity, rid)
+                params, unserved = await self.encoder.encode(body, media, rid)
+
+        def accepted() -> None:  # the wake signal: never for a request the consumer refused
+            self.encoder.unserved(client, unserved)
+
+        return await self.relay.forward(
+            request, endpoint.path, body, params, media.affinity, rid, accepted
+        )
