@@ -5,11 +5,13 @@ Both are built here from their Go modules (``e2e/monitoring/build.sh``) into one
 (``config/``, rendered with ``kubectl kustomize``, only the image names replaced);
 Prometheus from the objects below: one server that scrapes every encoderpool pod and
 labels each series with ``namespace``, ``pod``, ``pool`` and ``component`` — the labels
-the pool's autoscaling queries select by (docs/autoscaling.md shows the same scrape
-configuration for a cluster's own Prometheus) — and the operator, whose pool gauges keep
-their own ``namespace`` and ``pool`` labels. It loads the chart's alerts with their
-expressions unchanged and each ``for`` cut to ``TEST_BED_FOR``, so a test sees an induced
-fault fire within a minute (tests/chart/test_alert_rules.py tests the real ``for``).
+the pool's autoscaling queries select by, taken from the pod and never from what it
+exports (docs/autoscaling.md shows the same scrape configuration for a cluster's own
+Prometheus) — and the operator in its own namespace, whose pool gauges keep their own
+``namespace`` and ``pool`` labels (only its ``encoderpool_operator_*`` series). It loads
+the chart's alerts with their expressions unchanged and each ``for`` cut to
+``TEST_BED_FOR``, so a test sees an induced fault fire within a minute
+(tests/chart/test_alert_rules.py tests the real ``for``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from e2e.kind.cluster import ROOT, KindCluster, key_values, run
+from e2e.kind.cluster import OPERATOR_NS, ROOT, KindCluster, key_values, run
 
 MONITORING_DIR = ROOT / "e2e" / "monitoring"
 ALERTS = ROOT / "charts" / "encoderpool-operator" / "files" / "alerts.json"
@@ -37,61 +39,103 @@ PROMETHEUS_PORT = 9090
 SCRAPE_INTERVAL = "5s"
 TEST_BED_FOR = "15s"
 
-SCRAPE_CONFIG: dict[str, Any] = {
-    "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
-    # The chart's alerts (charts/encoderpool-operator/files/alerts.json), as a rule file.
-    "rule_files": ["/etc/prometheus/alerts.yml"],
-    "scrape_configs": [
-        {
-            "job_name": "encoderpool",
-            "kubernetes_sd_configs": [{"role": "pod"}],
-            "relabel_configs": [
-                {
-                    "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
-                    "regex": "encoderpool",
-                    "action": "keep",
-                },
-                # vLLM serves /metrics on its API port; the router on a port of its own.
-                {
-                    "source_labels": [
-                        "__meta_kubernetes_pod_label_app_kubernetes_io_component",
-                        "__meta_kubernetes_pod_container_port_name",
-                    ],
-                    "regex": "(router;metrics|producer(-.+)?;http|consumer;http)",
-                    "action": "keep",
-                },
-                {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-                {
-                    "source_labels": ["__meta_kubernetes_pod_label_encoderpool_io_pool"],
-                    "target_label": "pool",
-                },
-                {
-                    "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"],
-                    "target_label": "component",
-                },
-            ],
-        },
-        {
-            # The operator's pool gauges carry each pool's namespace and name, as the
-            # chart's ServiceMonitor keeps them (honorLabels).
-            "job_name": "encoderpool-operator",
-            "honor_labels": True,
-            "kubernetes_sd_configs": [{"role": "pod"}],
-            "relabel_configs": [
-                {
-                    "source_labels": [
-                        "__meta_kubernetes_pod_label_app_kubernetes_io_name",
-                        "__meta_kubernetes_pod_container_port_name",
-                    ],
-                    "regex": "encoderpool-operator;metrics",
-                    "action": "keep",
-                },
-                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            ],
-        },
-    ],
-}
+# Where the operator runs (the kind test bed installs the chart there): the only
+# namespace whose operator pods Prometheus keeps.
+OPERATOR_NAMESPACE = OPERATOR_NS
+# What an operator pod may export: its own metric names, nothing else.
+OPERATOR_METRICS = "encoderpool_operator_.+"
+
+
+def scrape_config(operator_namespace: str = OPERATOR_NAMESPACE) -> dict[str, Any]:
+    """The test bed's Prometheus configuration (docs/autoscaling.md shows the same jobs).
+
+    Pool pods: every series takes ``namespace`` from the pod's real namespace and
+    ``pool`` and ``component`` from its labels, never from what the pod exports
+    (``honor_labels: false``: an exported label of the same name is kept as
+    ``exported_<name>``), and a pod without a pool label is not scraped (a label it set
+    would otherwise stand in for the missing one). So a pod in another namespace,
+    labelled like a pool's, only ever adds series of its own namespace.
+
+    The operator: its pool gauges carry each pool's namespace and pool labels, which the
+    chart's alerts and dashboard select by, so its labels are honoured; hence only its
+    own namespace's pods are scraped (a tenant could label a pod like the operator's) and
+    only ``encoderpool_operator_*`` names kept from them, none of which an autoscaler
+    reads.
+    """
+    return {
+        "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
+        # The chart's alerts (charts/encoderpool-operator/files/alerts.json), as a rule file.
+        "rule_files": ["/etc/prometheus/alerts.yml"],
+        "scrape_configs": [
+            {
+                "job_name": "encoderpool",
+                "honor_labels": False,
+                "kubernetes_sd_configs": [{"role": "pod"}],
+                "relabel_configs": [
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+                        "regex": "encoderpool",
+                        "action": "keep",
+                    },
+                    # vLLM serves /metrics on its API port; the router on a port of its own.
+                    {
+                        "source_labels": [
+                            "__meta_kubernetes_pod_label_app_kubernetes_io_component",
+                            "__meta_kubernetes_pod_container_port_name",
+                        ],
+                        "regex": "(router;metrics|producer(-.+)?;http|consumer;http)",
+                        "action": "keep",
+                    },
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_label_encoderpool_io_pool"],
+                        "regex": ".+",
+                        "action": "keep",
+                    },
+                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_label_encoderpool_io_pool"],
+                        "target_label": "pool",
+                    },
+                    {
+                        "source_labels": [
+                            "__meta_kubernetes_pod_label_app_kubernetes_io_component"
+                        ],
+                        "target_label": "component",
+                    },
+                ],
+            },
+            {
+                "job_name": "encoderpool-operator",
+                "honor_labels": True,
+                "kubernetes_sd_configs": [
+                    {"role": "pod", "namespaces": {"names": [operator_namespace]}}
+                ],
+                "relabel_configs": [
+                    {
+                        "source_labels": ["__meta_kubernetes_namespace"],
+                        "regex": operator_namespace,
+                        "action": "keep",
+                    },
+                    {
+                        "source_labels": [
+                            "__meta_kubernetes_pod_label_app_kubernetes_io_name",
+                            "__meta_kubernetes_pod_container_port_name",
+                        ],
+                        "regex": "encoderpool-operator;metrics",
+                        "action": "keep",
+                    },
+                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                ],
+                "metric_relabel_configs": [
+                    {"source_labels": ["__name__"], "regex": OPERATOR_METRICS, "action": "keep"}
+                ],
+            },
+        ],
+    }
+
+
+SCRAPE_CONFIG = scrape_config()
 
 
 def tools_dir() -> Path:

@@ -309,8 +309,12 @@ def test_service_monitor_scrapes_the_metrics_services_port() -> None:
         "scheme": "http",
         "interval": "1m",
         "scrapeTimeout": "20s",
-        # The pool gauges carry the pool's own namespace label, not the operator's.
+        # The pool gauges carry the pool's own namespace label, not the operator's ...
         "honorLabels": True,
+        # ... so only the operator's own series are kept (docs/autoscaling.md).
+        "metricRelabelings": [
+            {"sourceLabels": ["__name__"], "regex": "encoderpool_operator_.+", "action": "keep"}
+        ],
     }
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     # ... which forwards to the container port of that name.
