@@ -17,6 +17,11 @@ done, checked without waiting on the next ``take``.
 When no free range is big enough, or the save is bigger than the whole region,
 ``take`` returns None: the caller drops the save (the consumer encodes the item
 itself) rather than allocate or wait.
+
+A host output needs no staging: it is already in host memory, which vLLM never
+writes again, so the writer keeps a reference to it instead of a copy (no copy on
+the step). ``HeldBytes`` bounds what those references keep alive past vLLM's own
+free, with the same limit and the same drop-when-full rule as the pool.
 """
 
 from __future__ import annotations
@@ -183,3 +188,26 @@ class StagingPool:
         """The biggest save that fits right now (tests, logs)."""
         with self._lock:
             return max((size for _, size in self._free), default=0)
+
+
+class HeldBytes:
+    """A byte budget for outputs the writer holds by reference: at most ``limit_bytes``
+    lent at once. Thread-safe: ``take`` runs on the step, ``give_back`` on the writer."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit; if so they are lent until ``give_back``."""
+        with self._lock:
+            if self.held + nbytes > self.limit_bytes:
+                return False
+            self.held += nbytes
+            return True
+
+    def give_back(self, nbytes: int) -> None:
+        with self._lock:
+            assert nbytes <= self.held, "bytes returned twice"
+            self.held -= nbytes

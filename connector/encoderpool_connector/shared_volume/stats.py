@@ -34,9 +34,10 @@ SHARED_VOLUME_COUNTERS: dict[str, str] = {
     "saves_dropped": "Saves dropped because the writer queue was full, no staging memory "
     "was free, or the save failed (the consumer encodes those items itself).",
     "saves_dropped_staging": "Saves dropped because no free range of the producer's staging "
-    "memory fitted the output (the writer is behind, or the output is bigger than the whole "
-    "staging pool); nothing is allocated on the encoder step instead. Also counted in "
-    "saves_dropped.",
+    "memory fitted the output, or (host outputs, held by reference) the outputs waiting for "
+    "the writer already held the staging limit (the writer is behind, or the output is "
+    "bigger than the limit); nothing is allocated on the encoder step instead. Also counted "
+    "in saves_dropped.",
     "published": "Entries written and renamed into place.",
     "publish_skipped": "Saves skipped: an identical entry was already published.",
     "publish_bytes": "Bytes published.",

@@ -1,12 +1,14 @@
 """Worker side of the shared-volume connector: a background writer (producers), loads (consumers).
 
-The producer's ``save_caches`` copies the output into a lease of the writer's
-staging pool (``core.staging``: host memory allocated once, pinned on CUDA) and
-queues it for the ``BackgroundWriter``; on CUDA the copy runs on a copy stream
-after the encoder's work (``core.streams``) and the writer thread waits for it,
-never the step. The writer checksums, writes a temp file, publishes it, and only
-then gives the lease back. A full queue or a full pool drops the save (counted)
-instead of stalling the encoder or allocating on its step.
+The producer's ``save_caches`` queues the output for the ``BackgroundWriter``.
+A host (CPU) output is queued as it is, by reference: vLLM never writes an
+encoder output again, so copying it on the step would only cost the step. A
+device output is copied into a lease of the writer's staging pool
+(``core.staging``: pinned host memory allocated once) on a copy stream after the
+encoder's work (``core.streams``), and the writer thread waits for it, never the
+step. The writer checksums, writes a temp file, publishes it, and only then lets
+go of the output or the lease. A full queue, or outputs past the staging limit,
+drop the save (counted) instead of stalling the encoder or allocating on its step.
 
 The consumer loads only what the scheduler side verified and pinned, with
 one read straight into a reused, already-touched buffer (``core.loadbuffers``):
@@ -34,7 +36,7 @@ import torch
 
 from encoderpool_connector.core.loadbuffers import LoadBuffers, as_tensor
 from encoderpool_connector.core.ranks import Failing, Rank, recompute
-from encoderpool_connector.core.staging import StagingLease, StagingPool
+from encoderpool_connector.core.staging import HeldBytes, StagingLease, StagingPool
 from encoderpool_connector.core.stats import LockedStats
 from encoderpool_connector.core.streams import CopyQueued, DeviceUploads, SaveCopies
 from encoderpool_connector.core.tensors import TORCH_DTYPES, OnDevice
@@ -55,9 +57,10 @@ logger = logging.getLogger("vllm.ext." + __name__)
 # A consumer worker's load buffers when the config does not set
 # shared_volume.load_buffer_bytes.
 DEFAULT_LOAD_BUFFER_BYTES = 256 << 20
-# A producer's staging memory for saves (pinned on CUDA), allocated on its first save:
-# the bytes of outputs copied but not yet written. 256 MiB holds a step of eight
-# 16.5 MB image embeddings with room to spare, or one output of up to 256 MiB.
+# A producer's staging memory for device saves (pinned), allocated on its first save: the
+# bytes of outputs copied but not yet written. 256 MiB holds a step of eight 16.5 MB
+# image embeddings with room to spare, or one output of up to 256 MiB. Host outputs,
+# held by reference, are bounded by the same number of bytes.
 DEFAULT_SAVE_STAGING_BYTES = 256 << 20
 # The writer starts on a save only once no other was submitted for this long. A step
 # submits its outputs in one burst, and every torch call in a submit lets the GIL go: a
@@ -71,9 +74,12 @@ WRITER_QUIET_MAX_S = 0.02
 @dataclass
 class _Save:
     mm_hash: str
-    tensor: torch.Tensor  # the output's bytes in ``lease`` (a view of the staging pool)
+    # A device output's bytes in ``lease`` (a view of the staging pool), or a host output
+    # itself (held by reference, ``held`` bytes of the writer's budget).
+    tensor: torch.Tensor
     ready: Any  # a device event to wait on before reading ``tensor``, or None
-    lease: StagingLease  # given back once the entry is written (or failed)
+    lease: StagingLease | None  # given back once the entry is written (or failed)
+    held: int = 0
 
 
 def writer_stats() -> LockedStats[SharedVolumeStats]:
@@ -96,6 +102,7 @@ class BackgroundWriter:
         self.fingerprint = fingerprint
         self.stats = stats
         self.staging = StagingPool(staging_bytes)
+        self.held = HeldBytes(self.staging.limit_bytes)
         self._copies: SaveCopies | None = None  # made on the first CUDA save
         self._queue: queue.Queue[_Save | None] = queue.Queue(maxsize=maxsize)
         self._dropped_logged = 0.0
@@ -109,25 +116,46 @@ class BackgroundWriter:
         atexit.register(self.close)
 
     def submit(self, mm_hash: str, tensor: torch.Tensor) -> bool:
-        """Stage and queue a save without blocking or allocating; False (and counted) when
-        the queue is full or no staging memory is free."""
+        """Queue a save without blocking, allocating, or (host outputs) copying; False (and
+        counted) when the queue is full or the staging limit is reached."""
         self._last_submit = time.monotonic()
         if self._queue.full():  # checked first: a save that cannot be queued is not copied
             self._drop_queue_full()
             return False
-        staged = self._to_host(tensor)
-        if staged is None:
-            self._drop_no_staging(tensor)
+        t = tensor.detach()
+        if self.by_reference(t):
+            nbytes = t.numel() * t.element_size()
+            save = _Save(mm_hash, t, None, None, nbytes) if self.held.take(nbytes) else None
+        else:
+            staged = self._to_host(t)
+            save = None if staged is None else _Save(mm_hash, *staged)
+        if save is None:
+            self._drop_no_staging(t)
             return False
-        host, ready, lease = staged
         try:
-            self._queue.put_nowait(_Save(mm_hash, host, ready, lease))
+            self._queue.put_nowait(save)
         except queue.Full:  # another thread filled it meanwhile
-            self.staging.give_back(lease, after=ready)
+            self._let_go(save, after=save.ready)
             self._drop_queue_full()
             return False
         self.stats.add("saves_queued")
         return True
+
+    @staticmethod
+    def by_reference(tensor: torch.Tensor) -> bool:
+        """Whether the writer keeps the output itself rather than a staged copy: host
+        memory, which vLLM only reads after the step and frees by dropping its reference
+        (the encoder cache's ``pop``), so the bytes stay as they were while the writer
+        holds them."""
+        return bool(tensor.device.type == "cpu")
+
+    def _let_go(self, save: _Save, after: Any = None) -> None:
+        """Give back what ``save`` holds: its staging lease (once ``after`` reports done)
+        or its bytes of the reference budget."""
+        if save.lease is not None:
+            self.staging.give_back(save.lease, after=after)
+        if save.held:
+            self.held.give_back(save.held)
 
     def _drop_queue_full(self) -> None:
         self.stats.add("saves_dropped")
@@ -145,6 +173,16 @@ class BackgroundWriter:
         now = time.monotonic()
         if now - self._staging_logged > 10:
             self._staging_logged = now
+            if self.by_reference(tensor):
+                logger.warning(
+                    "encoderpool: outputs waiting for the writer hold %d of %d bytes; dropping "
+                    "a save of %d bytes, consumers will encode those items (the writer is "
+                    "behind, or the output is bigger than the limit)",
+                    self.held.held,
+                    self.held.limit_bytes,
+                    tensor.numel() * tensor.element_size(),
+                )
+                return
             logger.warning(
                 "encoderpool: no free staging memory for a save of %d bytes (%d of %d free, "
                 "largest range %d); dropping saves, consumers will encode those items "
@@ -160,10 +198,10 @@ class BackgroundWriter:
         them (None where the copy is done on return); None when the pool has no free
         range that fits (the save is dropped: nothing is allocated, nothing waited for).
 
-        CPU: copied here, synchronously. CUDA: queued on the copy stream after the work
-        already queued on the current stream (the encoder's); the writer thread waits for
-        its event. Other accelerators: queued on the current stream, likewise waited for
-        by the writer."""
+        CUDA: queued on the copy stream after the work already queued on the current
+        stream (the encoder's); the writer thread waits for its event. Other
+        accelerators: queued on the current stream, likewise waited for by the writer.
+        A host tensor (only where ``by_reference`` says no): copied here."""
         t = tensor.detach()
         kind = t.device.type
         lease = self.staging.take(t.numel() * t.element_size(), pinned=kind != "cpu")
@@ -219,6 +257,7 @@ class BackgroundWriter:
                 self._write(item)
             finally:
                 self._queue.task_done()
+            del item  # a host output held by reference goes now, not at the next save
             self.stats.summary(logger, "encoderpool writer")
 
     def _let_the_step_finish(self) -> None:
@@ -233,8 +272,8 @@ class BackgroundWriter:
             now = time.monotonic()
 
     def _write(self, item: _Save) -> None:
-        """Publish one staged save, then give its lease back: the staging bytes are reused
-        only after the copy into them finished and the entry was written from them."""
+        """Publish one save, then let go of its bytes: staging bytes are reused only after
+        the copy into them finished and the entry was written from them."""
         if item.ready is not None:
             try:
                 item.ready.synchronize()  # this thread waits for the copy, never the step
@@ -247,13 +286,13 @@ class BackgroundWriter:
                     "staging memory stay out of use",
                     item.mm_hash[:80],
                     e,
-                    item.lease.size,
+                    item.lease.size if item.lease is not None else 0,
                 )
                 return
         try:
             self._publish(item)
         finally:
-            self.staging.give_back(item.lease)
+            self._let_go(item)
 
     def _publish(self, item: _Save) -> None:
         t0 = time.perf_counter()

@@ -1,7 +1,10 @@
-"""Saves staged through the writer's bounded pool (``core.staging``): a full pool drops the
-save and counts it, never allocates; a lease is reused only after its entry was written;
-a dropped save is a miss for consumers. The CUDA copy paths (``core.streams``) run here
-against stand-ins for torch.cuda's streams and events, for their order of calls."""
+"""Saves through the writer: a host output is queued by reference (no copy on the step, no
+staging memory), bounded by the same limit; a device output is staged through the bounded
+pool (``core.staging``). Either way a full queue or pool drops the save and counts it,
+never allocates; bytes are reused only after their entry was written; a dropped save is a
+miss for consumers. The staging path runs here on host tensors through ``staged`` (as a
+device output would take it), and the CUDA copy paths (``core.streams``) against
+stand-ins for torch.cuda's streams and events, for their order of calls."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,12 +41,14 @@ class Gate:
         self.opened = threading.Event()
         self.entered = threading.Event()
         self.seen: list[bytes] = []  # the payload bytes each publish was handed
+        self.addresses: list[int] = []  # and where they were in memory
         self._real = store.publish
 
     def publish(self, name: str, header: Header, payload: memoryview) -> PublishResult:
         self.entered.set()
         assert self.opened.wait(30)
         self.seen.append(bytes(payload))
+        self.addresses.append(np.frombuffer(payload, dtype=np.uint8).ctypes.data)
         return self._real(name, header, payload)
 
 
@@ -59,6 +65,12 @@ def gated(store: SharedStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]
     monkeypatch.setattr(store, "publish", gate.publish)
     yield gate
     gate.opened.set()  # never leave the writer blocked
+
+
+@pytest.fixture
+def staged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host outputs take the staging path, as device outputs do (copied into a lease)."""
+    monkeypatch.setattr(BackgroundWriter, "by_reference", staticmethod(lambda t: False))
 
 
 def writer_for(store: SharedStore, staging_bytes: int) -> BackgroundWriter:
@@ -80,6 +92,10 @@ def published(store: SharedStore, mm_hash: str) -> bytes | None:
         return os.pread(fd, header.payload_bytes, offset)
     finally:
         os.close(fd)
+
+
+def raw_size(t: torch.Tensor) -> int:
+    return int(t.numel() * t.element_size())
 
 
 def raw(t: torch.Tensor) -> bytes:
@@ -166,6 +182,7 @@ def test_a_region_that_cannot_be_allocated_drops_every_save_without_retrying(
 # ---- through the writer ----
 
 
+@pytest.mark.usefixtures("staged")
 def test_saves_past_the_pool_are_dropped_and_counted_while_the_writer_is_behind(
     store: SharedStore, gated: Gate, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -201,6 +218,7 @@ def test_saves_past_the_pool_are_dropped_and_counted_while_the_writer_is_behind(
         writer.close()
 
 
+@pytest.mark.usefixtures("staged")
 def test_a_buffer_is_never_reused_before_its_write_finished(
     store: SharedStore, gated: Gate
 ) -> None:
@@ -228,6 +246,7 @@ def test_a_buffer_is_never_reused_before_its_write_finished(
         writer.close()
 
 
+@pytest.mark.usefixtures("staged")
 def test_an_output_bigger_than_the_pool_is_dropped_and_counted_not_allocated(
     store: SharedStore,
 ) -> None:
@@ -244,7 +263,8 @@ def test_an_output_bigger_than_the_pool_is_dropped_and_counted_not_allocated(
         writer.close()
 
 
-def test_a_cpu_save_is_copied_on_the_step_so_later_changes_to_the_output_do_not_leak(
+@pytest.mark.usefixtures("staged")
+def test_a_staged_save_is_copied_on_the_step_so_later_changes_to_the_output_do_not_leak(
     store: SharedStore, gated: Gate
 ) -> None:
     writer = writer_for(store, 32 * KiB)
@@ -252,7 +272,7 @@ def test_a_cpu_save_is_copied_on_the_step_so_later_changes_to_the_output_do_not_
         out = item(7)
         want = raw(out)
         assert writer.submit("h", out)
-        out.zero_()  # vLLM reuses or frees the output once the step is over
+        out.zero_()  # a device output's block is reused once the copy read it
         gated.opened.set()
         writer.flush()
         assert published(store, "h") == want
@@ -260,6 +280,7 @@ def test_a_cpu_save_is_copied_on_the_step_so_later_changes_to_the_output_do_not_
         writer.close()
 
 
+@pytest.mark.usefixtures("staged")
 def test_the_writer_waits_for_the_copy_s_event_and_only_then_writes_and_frees(
     store: SharedStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -317,6 +338,140 @@ def test_a_save_staged_then_refused_by_a_full_queue_frees_its_bytes_after_its_co
     copy.done = True
     assert writer.staging.take(32 * KiB, pinned=False) is not None
     writer.close()
+
+
+# ---- host outputs, held by reference ----
+
+
+def test_a_cpu_save_is_queued_by_reference_and_written_from_the_output_s_own_memory(
+    store: SharedStore, gated: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step only queues: it returns while the writer has not touched the output, no
+    staging memory is taken or allocated, and the entry is written from the output's
+    own bytes (no copy anywhere for a contiguous output)."""
+    writer = writer_for(store, 32 * KiB)
+    try:
+        first, second = item(1), item(2)
+        assert writer.submit("first", first)
+        assert gated.entered.wait(10)  # the writer is inside the first write
+
+        def no_copy(*args: Any, **kwargs: Any) -> torch.Tensor:
+            raise AssertionError("a host save was copied on the step")
+
+        with monkeypatch.context() as m:
+            m.setattr(torch, "empty", no_copy)
+            m.setattr(torch.Tensor, "copy_", no_copy)
+            m.setattr(torch.Tensor, "clone", no_copy)
+            assert writer.submit("second", second)
+        assert published(store, "second") is None  # the step returned before any write
+        assert not writer.staging.allocated
+        assert writer.staging.free_bytes == 0
+        assert writer.held.held == 2 * raw_size(first)
+        gated.opened.set()
+        writer.flush()
+        assert gated.addresses == [first.data_ptr(), second.data_ptr()]
+        assert published(store, "first") == raw(first)
+        assert published(store, "second") == raw(second)
+        assert writer.held.held == 0
+        assert counters(writer)["saves_queued"] == 2
+    finally:
+        writer.close()
+
+
+def test_a_cpu_output_vllm_frees_after_the_step_is_still_written_whole(
+    store: SharedStore, gated: Gate
+) -> None:
+    """vLLM frees an encoder output by dropping the cache's reference (``pop``): the
+    writer's own reference keeps the bytes until the entry is written."""
+    writer = writer_for(store, 32 * KiB)
+    try:
+        cache = {"h": item(5)}
+        want = raw(cache["h"])
+        assert writer.submit("h", cache["h"])
+        cache.pop("h")
+        gated.opened.set()
+        writer.flush()
+        assert published(store, "h") == want
+    finally:
+        writer.close()
+
+
+def test_a_non_contiguous_cpu_output_is_made_contiguous_by_the_writer(
+    store: SharedStore, gated: Gate
+) -> None:
+    writer = writer_for(store, 32 * KiB)
+    try:
+        out = item(6, (ITEM[1], ITEM[0])).t()  # a view: the writer, not the step, copies it
+        assert not out.is_contiguous()
+        assert writer.submit("h", out)
+        gated.opened.set()
+        writer.flush()
+        assert published(store, "h") == raw(out)
+    finally:
+        writer.close()
+
+
+def test_cpu_saves_past_the_limit_are_dropped_and_counted_while_the_writer_is_behind(
+    store: SharedStore, gated: Gate
+) -> None:
+    """Referenced outputs count against the staging limit as staged ones do: four 8 KiB
+    outputs fit 32 KiB, the fifth is dropped until a write finished."""
+    writer = writer_for(store, 32 * KiB)
+    try:
+        items = {f"h{i}": item(i) for i in range(6)}
+        assert all(writer.submit(h, items[h]) for h in ("h0", "h1", "h2", "h3"))
+        assert gated.entered.wait(10)
+        assert not writer.submit("h4", items["h4"])
+        assert counters(writer) == {
+            "saves_queued": 4,
+            "saves_dropped": 1,
+            "saves_dropped_staging": 1,
+        }
+        assert writer.held.held == 32 * KiB
+        gated.opened.set()
+        writer.flush()
+        assert writer.held.held == 0
+        assert writer.submit("h5", items["h5"])
+        writer.flush()
+        for h in ("h0", "h1", "h2", "h3", "h5"):
+            assert published(store, h) == raw(items[h])
+        assert published(store, "h4") is None
+        assert not writer.staging.allocated
+    finally:
+        writer.close()
+
+
+def test_a_cpu_output_bigger_than_the_limit_is_dropped_and_counted(store: SharedStore) -> None:
+    writer = writer_for(store, 32 * KiB)
+    try:
+        assert not writer.submit("huge", item(0, (64, 512)))  # 64 KiB
+        assert counters(writer) == {"saves_dropped": 1, "saves_dropped_staging": 1}
+        assert writer.held.held == 0
+        assert writer.submit("fits", item(1))
+        writer.flush()
+        assert published(store, "huge") is None
+        assert published(store, "fits") == raw(item(1))
+    finally:
+        writer.close()
+
+
+def test_a_full_queue_drops_a_cpu_save_and_holds_nothing_for_it(
+    store: SharedStore, gated: Gate
+) -> None:
+    writer = BackgroundWriter(store, FP, 1, writer_stats(), staging_bytes=32 * KiB)
+    try:
+        assert writer.submit("h0", item(0))
+        assert gated.entered.wait(10)  # taken off the queue, inside its write
+        assert writer.submit("h1", item(1))  # the one queued place
+        assert not writer.submit("h2", item(2))
+        assert counters(writer) == {"saves_queued": 2, "saves_dropped": 1}
+        assert writer.held.held == 2 * 8 * KiB
+        gated.opened.set()
+        writer.flush()
+        assert writer.held.held == 0
+        assert published(store, "h2") is None
+    finally:
+        writer.close()
 
 
 # ---- a dropped save, as consumers see it ----
