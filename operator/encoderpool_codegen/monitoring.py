@@ -224,8 +224,10 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         "EncoderPoolLocalEncodeFallbackHigh",
+        # Decisions, not the wake signal: that one counts an item once per window and
+        # only for requests a consumer accepted, so it would under-report the share.
         _ratio(
-            f"{BY_POOL} (rate({ENCODER_UNSERVED_ITEMS}{RATE}))",
+            f'{BY_POOL} (rate({DISPATCH_DECISIONS}{{reason="no_producer"}}{RATE}))',
             f"{BY_POOL} (rate({DISPATCH_DECISIONS}{RATE}))",
         )
         + " > 0.5",

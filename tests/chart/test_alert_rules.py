@@ -16,7 +16,7 @@ import pytest
 
 from e2e.kind.monitoring import tools_dir
 from encoderpool_codegen.monitoring import ALERTS
-from encoderpool_contracts.signals import DISPATCH_DECISIONS, ENCODER_UNSERVED_ITEMS
+from encoderpool_contracts.signals import DISPATCH_DECISIONS
 from tests.chart.fixtures import CHART
 
 NS, POOL = "team-a", "vl"
@@ -75,11 +75,11 @@ CASES: dict[str, Case] = {
     ),
     "EncoderPoolLocalEncodeFallbackHigh": Case(
         {
-            f"{ENCODER_UNSERVED_ITEMS}{{{ROUTER}}}": _counter(6),
-            f'{DISPATCH_DECISIONS}{{{ROUTER},reason="no_producer"}}': _counter(10),
+            f'{DISPATCH_DECISIONS}{{{ROUTER},reason="no_producer"}}': _counter(6),
+            f'{DISPATCH_DECISIONS}{{{ROUTER},reason="least_loaded"}}': _counter(4),
         },
         {
-            f"{ENCODER_UNSERVED_ITEMS}{{{ROUTER}}}": _counter(1),
+            f'{DISPATCH_DECISIONS}{{{ROUTER},reason="no_producer"}}': _counter(1),
             f'{DISPATCH_DECISIONS}{{{ROUTER},reason="least_loaded"}}': _counter(10),
         },
     ),
