@@ -45,7 +45,7 @@ async def connect(port: int, source: str = "127.0.0.1") -> tuple[Any, Any]:
 
 
 async def status_of(reader: asyncio.StreamReader) -> bytes:
-    return (await asyncio.wait_for(reader.readline(), 10)).split(b" ")[1]
+    return (await asyncio.wait_for(reader.readline(), 60)).split(b" ")[1]
 
 
 def limits(**given: Any) -> ConnectionLimits:
@@ -60,7 +60,7 @@ def test_one_address_cannot_take_every_connection() -> None:
             async with listening(build_app(router), limits()) as (runner, port):
                 held = [await connect(port) for _ in range(2)]
                 refused, _ = await connect(port)
-                answer = await asyncio.wait_for(refused.read(), 10)  # to EOF: closed
+                answer = await asyncio.wait_for(refused.read(), 60)  # to EOF: closed
                 assert answer.startswith(b"HTTP/1.1 503 ")
                 assert b"too many connections" in answer
                 # Another address still gets in, and is served.
@@ -70,18 +70,20 @@ def test_one_address_cannot_take_every_connection() -> None:
                 # Two addresses fill the global cap of four: then nobody else.
                 fourth = await connect(port, "127.0.0.2")  # held: a dropped writer closes
                 third, _ = await connect(port, "127.0.0.3")
-                assert (await asyncio.wait_for(third.read(), 10)).startswith(b"HTTP/1.1 503")
+                assert (await asyncio.wait_for(third.read(), 60)).startswith(b"HTTP/1.1 503")
                 # A held connection closing frees its address's slot.
                 held[0][1].close()
                 server = runner.server
                 assert server is not None
-                await async_wait_until("three open", lambda: len(server.connections) == 3)
+                await async_wait_until(
+                    "three open", lambda: len(server.connections) == 3, timeout=60
+                )
                 r, w = await connect(port)
                 w.write(LIVEZ)
                 assert await status_of(r) == b"200"
                 fourth[1].close()
 
-    run(scenario())
+    run(scenario(), timeout=180)
 
 
 @pytest.mark.parametrize(
@@ -98,10 +100,10 @@ def test_a_connection_without_a_complete_head_is_closed_at_the_deadline(sent: by
                 w.write(sent)
                 loop = asyncio.get_running_loop()
                 t0 = loop.time()
-                assert await asyncio.wait_for(r.read(), 10) == b""  # closed, nothing answered
-                assert 0.5 < loop.time() - t0 < 5
+                assert await asyncio.wait_for(r.read(), 60) == b""  # closed, nothing answered
+                assert 0.5 < loop.time() - t0 < 30  # at the deadline, not at our read timeout
 
-    run(scenario())
+    run(scenario(), timeout=180)
 
 
 def test_an_idle_kept_alive_connection_is_closed_and_a_busy_one_is_not() -> None:
@@ -117,14 +119,14 @@ def test_an_idle_kept_alive_connection_is_closed_and_a_busy_one_is_not() -> None
                     b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
                 )
                 assert await status_of(r) == b"200"  # a request in flight outlives the deadline
-                await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 10)
+                await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 60)
                 loop = asyncio.get_running_loop()
                 t0 = loop.time()
-                rest = await asyncio.wait_for(r.read(), 10)  # the body, then closed when idle
+                rest = await asyncio.wait_for(r.read(), 60)  # the body, then closed when idle
                 assert rest.endswith(b"}")
-                assert loop.time() - t0 < 5
+                assert loop.time() - t0 < 30
 
-    run(scenario())
+    run(scenario(), timeout=180)
 
 
 def test_too_many_or_too_long_header_fields_are_refused_before_any_handler() -> None:
@@ -145,7 +147,7 @@ def test_too_many_or_too_long_header_fields_are_refused_before_any_handler() -> 
                 )
                 assert await status_of(r) == b"200"
 
-    run(scenario())
+    run(scenario(), timeout=180)
 
 
 def test_the_probe_port_answers_while_clients_hold_the_api_port() -> None:
@@ -159,7 +161,7 @@ def test_the_probe_port_answers_while_clients_hold_the_api_port() -> None:
             ):
                 held = [await connect(api_port, f"127.0.0.{i}") for i in (2, 3)]
                 refused, _ = await connect(api_port, "127.0.0.4")
-                assert (await asyncio.wait_for(refused.read(), 10)).startswith(b"HTTP/1.1 503")
+                assert (await asyncio.wait_for(refused.read(), 60)).startswith(b"HTTP/1.1 503")
                 for path in (b"/livez", b"/health"):
                     r, w = await connect(probe_port)
                     w.write(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path)
@@ -172,7 +174,7 @@ def test_the_probe_port_answers_while_clients_hold_the_api_port() -> None:
                 for _, writer in held:
                     writer.close()
 
-    run(scenario())
+    run(scenario(), timeout=180)
 
 
 # --- the body memory budget ---------------------------------------------------------
@@ -253,7 +255,7 @@ def test_bodies_past_the_budget_are_refused_before_they_are_read() -> None:
                 # One whole body at the slow consumer holds 2 x 2 MiB of the client's 5.
                 r1, w1 = await connect(port)
                 w1.write(head + text)
-                await async_wait_until("held", lambda: router.budget.held >= 3 * MIB)
+                await async_wait_until("held", lambda: router.budget.held >= 3 * MIB, timeout=60)
                 # The same client again: its share is held; refused before a byte is read.
                 r2, w2 = await connect(port)
                 w2.write(head)  # the body never comes
@@ -261,17 +263,19 @@ def test_bodies_past_the_budget_are_refused_before_they_are_read() -> None:
                 # Another client fits the share, not the total once a third holds it.
                 _, w3 = await connect(port, "127.0.0.2")
                 w3.write(head)
-                await async_wait_until("two held", lambda: router.budget.held >= 7 * MIB)
+                await async_wait_until(
+                    "two held", lambda: router.budget.held >= 7 * MIB, timeout=60
+                )
                 r4, w4 = await connect(port, "127.0.0.3")
                 w4.write(head)
                 assert await status_of(r4) == b"503"
                 assert await status_of(r1) == b"200"
                 w3.close()  # its unfinished body's reservation is given back
-                await async_wait_until("given back", lambda: router.budget.held == 0)
+                await async_wait_until("given back", lambda: router.budget.held == 0, timeout=60)
                 sample = router.metrics.registry.get_sample_value
                 for kind in ("client_body_memory", "body_memory_full"):
                     assert sample("encoderpool_router_errors_total", {"kind": kind}) == 1
                 for w in (w1, w2, w4):
                     w.close()
 
-    run(scenario())
+    run(scenario(), timeout=180)
