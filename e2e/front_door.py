@@ -185,9 +185,18 @@ async def _read_answer(reader: asyncio.StreamReader, timeout: float) -> int:
 @dataclass
 class Tally:
     statuses: Counter[str] = field(default_factory=Counter)
+    # The longest run of failures in a row, per probe path (the kubelet acts on a run
+    # of failureThreshold, 3 or more in what the operator renders).
+    streaks: dict[str, int] = field(default_factory=dict)
+    _run: dict[str, int] = field(default_factory=dict)
 
     def note(self, what: str) -> None:
         self.statuses[what] += 1
+
+    def probe(self, path: str, ok: bool, what: str) -> None:
+        self.note(f"{path}:{what}")
+        self._run[path] = 0 if ok else self._run.get(path, 0) + 1
+        self.streaks[path] = max(self.streaks.get(path, 0), self._run[path])
 
 
 async def good_client(port: int, stop: asyncio.Event, tally: Tally) -> None:
@@ -224,10 +233,11 @@ async def prober(port: int, paths: list[str], stop: asyncio.Event, tally: Tally)
                 w.write(
                     b"GET %s HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n" % path.encode()
                 )
-                tally.note(f"{path}:{await _status(r, 5)}")
+                status = await _status(r, 5)
+                tally.probe(path, status == 200, str(status))
                 w.close()
             except (OSError, TimeoutError) as e:
-                tally.note(f"{path}:{type(e).__name__}")
+                tally.probe(path, False, type(e).__name__)
         await asyncio.sleep(1.0)
 
 
@@ -365,6 +375,7 @@ class PhaseResult:
     probes: Counter[str]
     attacker: Counter[str]
     alive: bool
+    probe_streak: int = 0  # the longest run of failed probes of one path
 
     def line(self) -> str:
         return (
@@ -496,7 +507,7 @@ async def _phases(
         out.append(
             PhaseResult(
                 phase, watch.reset(), good.statuses, probes.statuses, attacker.statuses,
-                proc.poll() is None,
+                proc.poll() is None, max(probes.streaks.values(), default=0),
             )
         )  # fmt: skip
         if proc.poll() is not None:

@@ -3,11 +3,12 @@ client mounts each attack (``e2e.front_door``) while another client and the kube
 probes need the router, under the container's memory limit (a cgroup).
 
 Asserted per phase: the router never dies (so it never restarts), its peak RSS stays
-under 75% of its limit, every probe answers 200 within the kubelet's 5 s, and the
-other client gets 200 for every request (except in the ``global`` phase, where many
-addresses fill the whole connection cap on purpose: there the bound on memory is what
-is asserted). The attacker is answered as the design says: refused past its
-connections, 429 past its body share, large answers passed through whole.
+under 75% of its limit, no probe fails as often in a row as the kubelet's threshold
+(3; each has 5 s), and the other client gets 200 for every request (except in the
+``global`` phase, where many addresses fill the whole connection cap on purpose: there
+the bound on memory is what is asserted). The attacker is answered as the design says:
+refused past its connections, 429 past its body share, large answers passed through
+whole.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def test_one_hostile_client_neither_starves_the_router_nor_runs_it_out_of_memory
         assert r.alive, f"{r.phase}: the router died\n{report}\n{result.log[-3000:]}"
         assert r.rss_peak < 0.75 * result.limit, f"{r.phase}: over 75% of the limit\n{report}"
         assert r.probes, report
-        assert all(k.endswith(":200") for k in r.probes), f"{r.phase}: a probe failed\n{report}"
+        assert r.probe_streak < 3, (
+            f"{r.phase}: probes failed {r.probe_streak} times in a row\n{report}"
+        )
         if r.phase != "global":
             assert set(r.good) == {"200"}, f"{r.phase}: the other client was refused\n{report}"
             assert r.good["200"] >= 5, report
