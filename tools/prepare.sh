@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build or fetch everything `make test` needs, in two lanes at once, so a cold machine
 # spends its network time and its CPU time side by side instead of one after the other:
-#   network lane: the venv, the image wheelhouses and Debian base, the kind node's rootfs
+#   network lane: the venv, the vLLM releases checked by contract, the image wheelhouses
+#                 and Debian base, the kind node's rootfs
 #   CPU lane:     the local control plane's binaries, then kind's, then the monitoring
 #                 test bed's (Prometheus, KEDA, kstatus; all Go)
 # Each step is cached by content outside the repo: a warm run returns in seconds. Logs of
@@ -15,6 +16,7 @@ t0=$(date +%s)
 
 network() {
   "$root/tools/venv.sh" >/dev/null
+  "$root/tools/vllm-releases.sh" >/dev/null
   "$root/docker/build.sh" --fetch
   "$root/e2e/kind/node/image.sh" --fetch
 }
