@@ -113,13 +113,18 @@ def name_of(pool: EncoderPool, component: str) -> str:
     return bounded_name(pool.name, f"-{component}")
 
 
+# Hex digits of the hash that keeps cut names apart: 64 bits, so that finding a second
+# pool name with the same cut name takes about 2**64 tries, not seconds.
+NAME_TAG_LENGTH = 16
+
+
 def bounded_name(pool_name: str, suffix: str) -> str:
     """<pool><suffix>, at most 63 characters: a long pool name is cut and a hash of the
     whole name keeps two long names with one prefix apart."""
     name = pool_name + suffix
     if len(name) <= MAX_CHILD_NAME:
         return name
-    tag = hashlib.sha256(pool_name.encode()).hexdigest()[:6]
+    tag = hashlib.sha256(pool_name.encode()).hexdigest()[:NAME_TAG_LENGTH]
     head = pool_name[: MAX_CHILD_NAME - len(suffix) - len(tag) - 1].rstrip("-")
     return f"{head}-{tag}{suffix}"
 

@@ -316,6 +316,12 @@ RULE_CASES: list[tuple[str, dict[str, Any], str]] = [
         "spec.producerGroups",
     ),
     (
+        # <pool>-producer-consumer would be pool <pool>-producer's consumer Deployment.
+        "producer-group-named-like-a-child",
+        _groups({"name": "consumer", "modalities": ["image"]}),
+        "spec.producerGroups[0].name",
+    ),
+    (
         "modality-twice-in-a-group",
         _groups({"name": "a", "modalities": ["image", "image"]}),
         "spec.producerGroups[0].modalities",

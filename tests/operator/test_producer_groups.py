@@ -6,7 +6,9 @@ in test_crd_apiserver.py)."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import re
 from typing import Any
 
 import pytest
@@ -14,12 +16,20 @@ import pytest
 from encoderpool_contracts import ConnectorConfig
 from encoderpool_operator import render
 from encoderpool_operator.api import MAX_NAME_LENGTH, EncoderPool
+from encoderpool_operator.api.spec import CHILD_NAME_WORDS, RESERVED_GROUP_WORD
 from encoderpool_operator.naming import (
+    CACHE,
+    CONSUMER,
+    INTERNAL,
     LABEL_COMPONENT,
+    PRODUCER,
+    ROUTER,
+    WIDTH_JOB,
     name_of,
     producer_components,
     ref_of,
     selector_labels,
+    width_job_name,
 )
 from encoderpool_operator.reconcile.plan import plan
 from encoderpool_router.config import parse_settings
@@ -33,6 +43,7 @@ from tests.operator.fixtures import (
     grouped,
     live_children,
     load,
+    owned_of,
     plan_condition,
     pool_object,
     report_cm,
@@ -233,3 +244,89 @@ def test_moving_to_groups_replaces_the_single_producer_and_back() -> None:
     assert "Deployment/tiny-producer-video (deleted: no longer in the spec)" in described
     assert "Deployment/tiny-producer" in described
     assert back.status.producer_groups is None
+
+
+def _with_groups(name: str, *groups: str) -> EncoderPool:
+    obj = pool_object()
+    obj["metadata"]["name"] = name
+    obj["spec"]["producerGroups"] = [
+        {"name": g, "modalities": [m]}
+        for g, m in zip(groups, ["image", "video", "audio"], strict=False)
+    ]
+    obj["spec"]["model"]["limitMmPerPrompt"] = {}
+    obj["spec"]["networkPolicy"] = {"enabled": True}
+    return EncoderPool.from_object(obj)
+
+
+def _child_names(pool: EncoderPool) -> set[str]:
+    """Every name the pool's children take, but the router's Service (the pool's own)."""
+    names = {name for _, _, name in render.child_refs(pool)} - {pool.name}
+    return names | {name_of(pool, INTERNAL), width_job_name(pool, "0123456789abcdef")}
+
+
+GROUP_CANDIDATES = [
+    "video", "x", "images", "widths", "routers",  # allowed
+    "consumer", "router", "cache", "internal", "producer", "width-job", "producer-x",
+    "x-consumer", "x-router", "x-width-0123456789", "a-cache-b",  # refused
+]  # fmt: skip
+
+
+def test_a_group_name_the_rule_admits_is_no_other_pool_s_child_name() -> None:
+    """<pool>-producer-<group> against every child name of pools whose names extend it:
+    a group holding a component word is refused, and no admitted one collides."""
+    admitted = [g for g in GROUP_CANDIDATES if re.search(RESERVED_GROUP_WORD, g) is None]
+    assert admitted == ["video", "x", "images", "widths", "routers"]
+    pools = ["a", "a-producer", "a-producer-x", "a-producer-video"]
+    names = {p: _child_names(_with_groups(p, *admitted[:3])) for p in pools}
+    for p in pools:
+        for g in admitted:
+            mine = name_of(_with_groups(p, g), f"producer-{g}")
+            others = set().union(*(names[q] for q in pools if q != p))
+            assert mine not in others, (p, g)
+    # What the rule refuses would: a group "consumer" is pool a-producer's consumer.
+    assert "a-producer-consumer" in names["a-producer"]
+    assert "a-producer-x-router" in names["a-producer-x"]
+    # Every component's name is made of the rule's words (a new component needs one).
+    for component in (PRODUCER, CONSUMER, ROUTER, CACHE, INTERNAL, WIDTH_JOB, "width-0a1b"):
+        assert set(component.split("-")) & set(CHILD_NAME_WORDS), component
+
+
+def test_a_cut_name_carries_64_bits_of_the_pool_s_name() -> None:
+    long = "p" * MAX_NAME_LENGTH
+    pool = _with_groups(long, "a" * 16)
+    name = name_of(pool, f"producer-{'a' * 16}")
+    tag = hashlib.sha256(long.encode()).hexdigest()[:16]
+    assert name == f"{'p' * 20}-{tag}-producer-{'a' * 16}"
+    assert len(name) == 63
+    assert width_job_name(pool, "f" * 16) == f"{'p' * 29}-{tag}-width-ffffffffff"
+
+
+def test_children_renamed_by_a_longer_tag_are_replaced_and_the_old_ones_pruned() -> None:
+    """An operator upgrade that cuts long names with a longer tag: the pool's children under
+    the old names (its own, by owner reference) are deleted in the pass that applies the
+    new ones; the router's arguments name the new Services, so the router rolls."""
+    long = "p" * MAX_NAME_LENGTH
+    obj = settled(pool_object())
+    obj["metadata"]["name"] = long
+    obj["spec"]["producerGroups"] = [{"name": "images", "modalities": ["image"]}]
+    obj["spec"]["model"]["limitMmPerPrompt"] = {}
+    pool = EncoderPool.from_object(obj)
+    old_tag = hashlib.sha256(long.encode()).hexdigest()[:6]
+    new_name = name_of(pool, "producer-images")
+    old_name = f"{long[: 63 - len('-producer-images') - 7]}-{old_tag}-producer-images"
+    assert new_name != old_name
+    # What the earlier operator made: the same children, the group's under the old name
+    # (and the router's arguments naming its Service so).
+    live = {
+        (*ref[:2], old_name if ref[2] == new_name else ref[2]): json.loads(
+            json.dumps(child).replace(new_name, old_name)
+        )
+        for ref, child in live_children(pool, report_of(obj)).items()
+    }
+    snap = snapshot(obj, report_cm=report_cm(report_of(obj)), live=live, owned=owned_of(live))
+    p = plan(snap, DEFAULTS, NOW)
+    written = [a.describe() for a in writes(p)]
+    for kind in ("Service", "Deployment", "NetworkPolicy"):
+        assert f"{kind}/{new_name}" in written
+        assert f"{kind}/{old_name} (deleted: no longer in the spec)" in written
+    assert f"Deployment/{name_of(pool, 'router')}" in written

@@ -589,6 +589,14 @@ ProducerModality = Literal["image", "video", "audio"]
 MAX_PRODUCER_GROUPS = 3  # one per modality at most: a modality belongs to one group
 MAX_GROUP_NAME = 16
 GROUP_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# The words of the pool's child names after `<pool>-` (naming: producer, producer-<group>,
+# consumer, router, cache, internal, width-job, width-<key>). A group name holding none of
+# them as a word (between '-') cannot make `<pool>-producer-<group>` another pool's child:
+# a group `consumer` would be pool `<pool>-producer`'s consumer Deployment, a group
+# `x-router` pool `<pool>-producer-x`'s router. (A pool's own name can still equal another
+# pool's child name, e.g. a pool `a-consumer` beside a pool `a`: that stays a NameConflict.)
+CHILD_NAME_WORDS = ("producer", "consumer", "router", "cache", "internal", "width")
+RESERVED_GROUP_WORD = "(^|-)(" + "|".join(CHILD_NAME_WORDS) + ")(-|$)"
 
 
 class ProducerGroup(ApiModel):
@@ -601,6 +609,16 @@ class ProducerGroup(ApiModel):
     """
 
     rules: ClassVar[tuple[Rule[ProducerGroup], ...]] = (
+        Rule(
+            ".name",
+            cel=f"!self.name.matches('{RESERVED_GROUP_WORD}')",
+            check=lambda g: re.search(RESERVED_GROUP_WORD, g.name) is None,
+            message="a group name may not hold the word "
+            + ", ".join(CHILD_NAME_WORDS)
+            + " (between '-'): <pool>-producer-<name> would then be a child name of "
+            "another pool (a group consumer is pool <pool>-producer's consumer); "
+            "choose another name",
+        ),
         # The API server refuses duplicates itself (modalities is a list-type set).
         Rule(
             ".modalities",
@@ -616,7 +634,9 @@ class ProducerGroup(ApiModel):
         pattern=GROUP_NAME_PATTERN,
         description="The group's name (a DNS-1035 label): its Deployment, headless Service "
         "and NetworkPolicy are <pool>-producer-<name> (past 63 characters, the pool's name "
-        "is cut and suffixed with a hash of it).",
+        "is cut and suffixed with a hash of it). It may not hold the word producer, "
+        "consumer, router, cache, internal or width (between '-'), which other pools' "
+        "child names are made of.",
     )
     modalities: tuple[ProducerModality, ...] = Field(
         min_length=1,
