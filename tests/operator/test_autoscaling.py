@@ -75,9 +75,13 @@ def test_keda_scaled_objects_per_role_with_the_pools_signals() -> None:
     )
     assert demand["metadata"]["threshold"] == "2"  # the default: 2 items per producer
     assert demand["metadata"]["serverAddress"] == PROM
-    assert ENCODER_UNSERVED_ITEMS in unserved["metadata"]["query"]
-    assert unserved["metadata"]["activationThreshold"] == "0"  # any item wakes it
-    assert "[5m]" in unserved["metadata"]["query"]  # and keeps it up while its pod starts
+    # Any unserved item wakes the role (activation above 0) and keeps it up while its pod
+    # starts (5m); clamped to 1 against a target of 1, it asks for one pod and never more.
+    assert unserved["metadata"]["query"] == (
+        f"clamp_max(sum(rate({ENCODER_UNSERVED_ITEMS}{{{sel}}}[5m])), 1) or vector(0)"
+    )
+    assert unserved["metadata"]["activationThreshold"] == "0"
+    assert unserved["metadata"]["threshold"] == "1"
     # Scale-down behaviour (default: 5 minutes, one pod a minute); KEDA's 1 -> 0 follows it.
     down = producer["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
     assert down["stabilizationWindowSeconds"] == 300
@@ -121,10 +125,24 @@ def test_hpa_engine_renders_external_metric_autoscalers() -> None:
     assert hpa["apiVersion"] == "autoscaling/v2"
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 2)
     external = [m["external"] for m in hpa["spec"]["metrics"]]
+    # Selected like the KEDA queries: namespace, pool, the exporting component, the group.
+    labels = {"namespace": "ml", "pool": "tiny", "component": "router", "group": "tiny-producer"}
     assert external[0]["metric"] == {
         "name": "encoderpool_encoder_demand",
-        "selector": {"matchLabels": {"pool": "tiny", "group": "tiny-producer"}},
+        "selector": {"matchLabels": labels},
     }
+    assert external[1]["metric"]["selector"]["matchLabels"] == labels
+    consumer = objs["HorizontalPodAutoscaler/tiny-consumer"]["spec"]["metrics"]
+    assert {m["external"]["metric"]["name"] for m in consumer} == {
+        "encoderpool_lm_demand",
+        "encoderpool_kv_cache_usage",
+    }
+    for m in consumer:
+        assert m["external"]["metric"]["selector"]["matchLabels"] == {
+            "namespace": "ml",
+            "pool": "tiny",
+            "component": "consumer",
+        }
     assert external[0]["target"] == {"type": "AverageValue", "averageValue": "2"}
     assert not [k for k in objs if k.startswith("ScaledObject/")]
 

@@ -59,6 +59,8 @@ HPA_ENCODER_DEMAND = "encoderpool_encoder_demand"
 HPA_ENCODER_UNSERVED = "encoderpool_encoder_unserved"
 HPA_LM_DEMAND = "encoderpool_lm_demand"
 HPA_KV_CACHE_USAGE = "encoderpool_kv_cache_usage"
+# The wake signal's target: its query is clamped to 1, so it asks for one pod at most.
+WAKE_TARGET = 1.0
 
 
 @dataclass(frozen=True)
@@ -85,16 +87,24 @@ class Scaler:
 
 
 def _selector(pool: EncoderPool, **extra: str) -> str:
-    labels = {LABEL_NAMESPACE: pool.namespace, LABEL_POOL: pool.name, **extra}
+    labels = _hpa_selector(pool, **extra)
     return ",".join(f'{k}="{v}"' for k, v in labels.items())
+
+
+def _hpa_selector(pool: EncoderPool, **extra: str) -> dict[str, str]:
+    """The labels a signal is selected by: the pool's namespace and name, the component
+    (and group) that exports it. Both engines select by all of them: pool names repeat
+    across namespaces, and the router and vLLM export series of one pool."""
+    return {LABEL_NAMESPACE: pool.namespace, LABEL_POOL: pool.name, **extra}
 
 
 def producer_triggers(pool: EncoderPool, component: str, settings: Autoscaling) -> list[Trigger]:
     """Mean items in flight to the group, and the items that found it at zero (which wake it:
     an item that found no producer counts as one producer's worth of demand)."""
     group = name_of(pool, component)  # the router labels a group by its producer Service
-    sel = _selector(pool, **{LABEL_COMPONENT: ROUTER, LABEL_GROUP: group})
-    hpa_sel = {LABEL_POOL: pool.name, LABEL_GROUP: group}
+    labels = {LABEL_COMPONENT: ROUTER, LABEL_GROUP: group}
+    sel = _selector(pool, **labels)
+    hpa_sel = _hpa_selector(pool, **labels)
     return [
         Trigger(
             "encoder-demand",
@@ -105,9 +115,11 @@ def producer_triggers(pool: EncoderPool, component: str, settings: Autoscaling) 
         ),
         Trigger(
             "encoder-unserved",
-            f"sum(rate({ENCODER_UNSERVED_ITEMS}{{{sel}}}[{WAKE_WINDOW}])) or vector(0)",
-            # Any unserved item asks for a producer; a few a second ask for as many more.
-            1.0,
+            # Clamped to 1 with a target of 1 (AverageValue): the wake signal takes a role
+            # from zero to one and never past it; demand above one pod is encoder-demand's.
+            f"clamp_max(sum(rate({ENCODER_UNSERVED_ITEMS}{{{sel}}}[{WAKE_WINDOW}])), 1)"
+            " or vector(0)",
+            WAKE_TARGET,
             HPA_ENCODER_UNSERVED,
             hpa_sel,
         ),
@@ -117,7 +129,7 @@ def producer_triggers(pool: EncoderPool, component: str, settings: Autoscaling) 
 def consumer_triggers(pool: EncoderPool, settings: Autoscaling) -> list[Trigger]:
     """vLLM's running plus waiting requests over the consumers; optionally KV-cache use."""
     sel = _selector(pool, **{LABEL_COMPONENT: CONSUMER})
-    hpa_sel = {LABEL_POOL: pool.name}
+    hpa_sel = _hpa_selector(pool, **{LABEL_COMPONENT: CONSUMER})
     out = [
         Trigger(
             "lm-demand",
