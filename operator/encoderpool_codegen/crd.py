@@ -47,6 +47,21 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # -o wide: ready/desired of each producer group and the router, each autoscaler's
+    # current/desired pods and bounds (a column takes one value: hence the summaries).
+    {
+        "name": "Groups",
+        "type": "string",
+        "jsonPath": ".status.producerGroupsSummary",
+        "priority": 1,
+    },
+    {"name": "Router", "type": "string", "jsonPath": ".status.router.summary", "priority": 1},
+    {
+        "name": "Autoscaling",
+        "type": "string",
+        "jsonPath": ".status.autoscalingSummary",
+        "priority": 1,
+    },
 ]
 
 

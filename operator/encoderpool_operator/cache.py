@@ -47,6 +47,7 @@ from encoderpool_operator.naming import (
     MANAGED_BY,
     REPORT_COMPONENT,
     Ref,
+    replicas_entries,
 )
 
 # (namespace, name) of a pool.
@@ -125,8 +126,11 @@ def _is_report(meta: Mapping[str, Any]) -> bool:
 
 
 def trim(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any]:
-    """``obj`` without what no pass reads (managedFields, last-applied), typed."""
+    """``obj`` without what no pass reads (managedFields but who owns spec.replicas,
+    last-applied), typed."""
     meta = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
+    if replicas := replicas_entries(obj["metadata"]):
+        meta["managedFields"] = replicas
     annotations = meta.get("annotations")
     if annotations and any(a in annotations for a in _DROPPED_ANNOTATIONS):
         meta["annotations"] = {
@@ -136,14 +140,19 @@ def trim(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any]:
 
 
 def stub(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any]:
-    """What a pass needs of an object that is not a pool's: that it exists, and whose it is."""
+    """What a pass needs of an object that is not a pool's: that it exists, and whose it is
+    (and of an HPA a ScaledObject controls, what it reports: ``scaler_status``)."""
     meta = obj["metadata"]
     owners = [
         {k: r[k] for k in ("apiVersion", "kind", "name", "uid", "controller") if k in r}
         for r in meta.get("ownerReferences") or []
         if r.get("controller")
     ][:1]
+    extra = {}
+    if kind == "HorizontalPodAutoscaler" and owners and owners[0].get("kind") == "ScaledObject":
+        extra = {"status": scaler_status(obj.get("status"))}
     return {
+        **extra,
         "apiVersion": api_version,
         "kind": kind,
         "metadata": {
@@ -154,6 +163,29 @@ def stub(obj: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any]:
             "ownerReferences": owners,
         },
     }
+
+
+# What is kept of the status of an HPA KEDA made: the fields status.autoscaling shows,
+# each condition's message cut (a stub stays small whoever wrote the object).
+_SCALER_STATUS = ("currentReplicas", "desiredReplicas", "lastScaleTime")
+_SCALER_CONDITION = ("type", "status", "reason", "message")
+MAX_SCALER_MESSAGE = 512
+
+
+def scaler_status(status: Any) -> dict[str, Any]:
+    """The part of an HPA's status a pass reads (reconcile.scaling), bounded."""
+    if not isinstance(status, Mapping):
+        return {}
+    out = {k: status[k] for k in _SCALER_STATUS if isinstance(status.get(k), (int, str))}
+    conditions = []
+    for c in (status.get("conditions") or [])[:4]:
+        if isinstance(c, Mapping):
+            kept = {k: str(c[k]) for k in _SCALER_CONDITION if k in c}
+            kept["message"] = kept.get("message", "")[:MAX_SCALER_MESSAGE]
+            conditions.append(kept)
+    if conditions:
+        out["conditions"] = conditions
+    return out
 
 
 class Packed(NamedTuple):

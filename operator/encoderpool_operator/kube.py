@@ -15,7 +15,8 @@ from collections import Counter
 from typing import Any
 from urllib.parse import urlencode
 
-FIELD_MANAGER = "encoderpool-operator"
+from encoderpool_operator.naming import FIELD_MANAGER
+
 # Every request's (connect, read) timeout: a pass holds its pool's place in the work
 # queue while it talks to the API server, so a call that hangs must fail (the queue
 # retries the pass with back-off) instead.

@@ -37,6 +37,9 @@ ANNOTATION_CONFIG_HASH = "encoderpool.io/config-hash"
 ANNOTATION_DIGEST = "encoderpool.io/spec-digest"
 # On a report the operator stored: render.widths.report_digest of its data.
 ANNOTATION_REPORT_DIGEST = "encoderpool.io/width-report-digest"
+# The one field manager the operator applies as (server-side apply): what it owns of a
+# child is what it last sent under this name.
+FIELD_MANAGER = "encoderpool-operator"
 # The longest object name the children may take (Services and Job names: DNS-1035 labels;
 # a Job's name is also a label value on its pods).
 MAX_CHILD_NAME = 63
@@ -146,6 +149,32 @@ def producer_components(pool: EncoderPool) -> list[tuple[str, RoleSpec]]:
     if not spec.producer_groups:
         return [(PRODUCER, spec.producer)]
     return [(group_component(g), g.role(spec.producer)) for g in spec.producer_groups]
+
+
+def replicas_managers(obj: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """Field managers that own ``spec.replicas`` of ``obj`` (from metadata.managedFields).
+
+    The HPA controller (``kube-controller-manager``) and KEDA write replicas through the
+    scale subresource: an entry of theirs owns the field once they changed it."""
+    entries = ((obj or {}).get("metadata") or {}).get("managedFields") or []
+    return tuple(
+        str(e.get("manager", ""))
+        for e in entries
+        if isinstance(e, Mapping)
+        and isinstance(spec := (e.get("fieldsV1") or {}).get("f:spec"), Mapping)
+        and "f:replicas" in spec
+    )
+
+
+def replicas_entries(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """metadata.managedFields cut to who owns ``spec.replicas``: all a pass reads of them
+    (``replicas_managers``), kept by the read cache instead of the whole list."""
+    out = []
+    for e in meta.get("managedFields") or []:
+        if isinstance(e, Mapping) and replicas_managers({"metadata": {"managedFields": [e]}}):
+            kept = {k: e[k] for k in ("manager", "operation", "subresource") if k in e}
+            out.append({**kept, "fieldsV1": {"f:spec": {"f:replicas": {}}}})
+    return out
 
 
 def ref_of(obj: Mapping[str, Any]) -> Ref:

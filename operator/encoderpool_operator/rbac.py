@@ -173,7 +173,8 @@ PERMISSIONS: tuple[Permission, ...] = (
         "scaledobjects",
         ("list", "watch"),
         "autoscaling roles' KEDA ScaledObjects: cached, whichever engine (a pool's old "
-        "autoscalers are pruned after the engine changes)",
+        "autoscalers are pruned after the engine changes); their status conditions (Ready, "
+        "Active) are status.autoscaling's",
     ),
     Permission(
         "keda.sh",
@@ -187,7 +188,10 @@ PERMISSIONS: tuple[Permission, ...] = (
         "autoscaling",
         "horizontalpodautoscalers",
         ("list", "watch"),
-        "autoscaling roles' HorizontalPodAutoscalers: cached, whichever engine",
+        "autoscaling roles' HorizontalPodAutoscalers, the operator's and those KEDA makes "
+        "for its ScaledObjects: cached, whichever engine (whose each is decides what the "
+        "operator renders); their status (replicas, last scale, conditions) is "
+        "status.autoscaling's",
     ),
     Permission(
         "autoscaling",

@@ -22,7 +22,8 @@ from encoderpool_operator.naming import CHILD_KINDS, ref_of
 from encoderpool_operator.reconcile.actions import Action, PatchStatus
 from encoderpool_operator.reconcile.observe import Snapshot
 from encoderpool_operator.reconcile.plan import Plan, plan
-from encoderpool_operator.render import Defaults, workload_objects
+from encoderpool_operator.render import Defaults, Observed, workload_objects
+from encoderpool_operator.render.autoscaling import scalers
 from encoderpool_operator.render.widths import report_key, width_job, width_report_configmap
 from tests.waiting import wait_until
 
@@ -238,17 +239,41 @@ def keyed(cm: Any, pool: EncoderPool) -> Any:
     return out
 
 
+# metadata.managedFields of a Deployment whose replicas the HPA controller set (through
+# the scale subresource, as on a real control plane).
+HPA_HOLDS_REPLICAS = [
+    {
+        "manager": "kube-controller-manager",
+        "operation": "Update",
+        "subresource": "scale",
+        "fieldsV1": {"f:spec": {"f:replicas": {}}},
+    }
+]
+
+
 def live_children(
-    pool: EncoderPool, report: WidthReport, defaults: Defaults = DEFAULTS, scaled_to: int = 1
+    pool: EncoderPool,
+    report: WidthReport,
+    defaults: Defaults = DEFAULTS,
+    scaled_to: int | None = None,
 ) -> dict[Any, Any]:
     """Every child as the API server would return it: ours plus server fields, rolled out.
-    A Deployment applied without replicas (an autoscaler owns them) has ``scaled_to``."""
+    With ``scaled_to``, each autoscaling role's Deployment has that many replicas, set by
+    the HPA controller (which then holds the field: the operator applies none)."""
+    held: dict[str, Any] = {}
+    if scaled_to is not None:
+        meta = {"metadata": {"managedFields": HPA_HOLDS_REPLICAS}}
+        held = {s.deployment: meta for s in scalers(pool)}
     live = {}
-    for obj in workload_objects(pool, report, defaults):
+    for obj in workload_objects(pool, report, defaults, Observed(held)):
         got = copy.deepcopy(obj)
-        got["metadata"].update(resourceVersion="7", uid="child-uid", generation=2)
+        got["metadata"].update(resourceVersion="7", uid=f"uid-{obj['metadata']['name']}")
+        got["metadata"]["generation"] = 2
         if obj["kind"] == "Deployment":
-            n = got["spec"].setdefault("replicas", scaled_to)
+            if obj["metadata"]["name"] in held:
+                got["spec"]["replicas"] = scaled_to
+                got["metadata"]["managedFields"] = copy.deepcopy(HPA_HOLDS_REPLICAS)
+            n = got["spec"]["replicas"]
             got["status"] = {
                 "observedGeneration": 2,
                 "updatedReplicas": n,

@@ -257,6 +257,32 @@ def test_replica_summary_is_derived() -> None:
     )
 
 
+def test_status_summaries_are_derived_from_their_lists() -> None:
+    scaler = {
+        "role": "producer-video",
+        "group": "video",
+        "engine": "keda",
+        "name": "p-producer-video",
+        "minReplicas": 0,
+        "maxReplicas": 2,
+        "currentReplicas": 0,
+        "desiredReplicas": 0,
+        "reason": "ScalerNotActive",
+    }
+    status = EncoderPoolStatus.model_validate(
+        {
+            "producerGroups": [{"name": "images", "desired": 2, "ready": 1}, {"name": "video"}],
+            "autoscaling": [scaler, {**scaler, "role": "consumer", "active": True}],
+            "autoscalingSummary": "forged",
+        }
+    )
+    assert status.producer_groups_summary == "images 1/2, video 0/0"
+    assert status.autoscaling_summary == ("producer-video 0/0 (0-2) inactive, consumer 0/0 (0-2)")
+    again = EncoderPoolStatus.model_validate(status.model_dump(by_alias=True))
+    assert again == status
+    assert EncoderPoolStatus().autoscaling_summary is None
+
+
 def test_times_are_utc_seconds() -> None:
     cond = Condition.model_validate(
         {

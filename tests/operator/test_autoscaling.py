@@ -82,6 +82,9 @@ def test_keda_scaled_objects_per_role_with_the_pools_signals() -> None:
     )
     assert unserved["metadata"]["activationThreshold"] == "0"
     assert unserved["metadata"]["threshold"] == "1"
+    # KEDA makes the HPA under the name the operator gives it (not keda-hpa-<name>).
+    config = producer["spec"]["advanced"]["horizontalPodAutoscalerConfig"]
+    assert config["name"] == "tiny-producer"
     # Scale-down behaviour (default: 5 minutes, one pod a minute); KEDA's 1 -> 0 follows it.
     down = producer["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
     assert down["stabilizationWindowSeconds"] == 300
@@ -98,11 +101,11 @@ def test_keda_scaled_objects_per_role_with_the_pools_signals() -> None:
     assert kv["metadata"]["threshold"] == "0.8"
 
 
-def test_an_autoscaling_role_gets_no_replicas_and_a_producer_drains() -> None:
-    objs = rendered(autoscaled())
+def test_a_new_autoscaling_role_starts_at_its_minimum_and_a_producer_drains() -> None:
+    objs = rendered(autoscaled(consumer={"minReplicas": 2, "maxReplicas": 3}))
     producer, consumer = objs["Deployment/tiny-producer"], objs["Deployment/tiny-consumer"]
-    assert "replicas" not in producer["spec"]
-    assert "replicas" not in consumer["spec"]
+    assert producer["spec"]["replicas"] == 1  # minReplicas 0: one pod, as a fixed role starts
+    assert consumer["spec"]["replicas"] == 2
     pod = producer["spec"]["template"]["spec"]
     (vllm,) = pod["containers"]
     assert vllm["lifecycle"] == {"preStop": {"sleep": {"seconds": DRAIN_SECONDS}}}

@@ -24,11 +24,13 @@ from encoderpool_operator.cache import (
     pack,
 )
 from encoderpool_operator.naming import (
+    FIELD_MANAGER,
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     LABEL_POOL,
     MANAGED_BY,
     REPORT_COMPONENT,
+    replicas_managers,
 )
 
 NS, POOL = "ns", "tiny"
@@ -299,3 +301,71 @@ def test_a_pass_parses_only_its_pool_s_children_and_reads_its_own_stubs_from_the
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+def test_of_managed_fields_only_who_owns_replicas_is_kept() -> None:
+    """The replicas hand-over (render.vllm.deployment_replicas) reads who owns the field."""
+    dep = obj("tiny-consumer", "5", MINE, spec={"replicas": 4})
+    dep["metadata"]["managedFields"] = [
+        {
+            "manager": FIELD_MANAGER,
+            "operation": "Apply",
+            "fieldsV1": {"f:spec": {"f:template": {}}},
+        },
+        {
+            "manager": "kube-controller-manager",
+            "operation": "Update",
+            "subresource": "scale",
+            "time": "2026-12-01T12:00:00Z",
+            "fieldsV1": {"f:spec": {"f:replicas": {}}},
+        },
+    ]
+    (entry, _) = index_entries(dep, "apps/v1", "Deployment").values()
+    kept = entry.unpack()["metadata"]["managedFields"]
+    assert kept == [
+        {
+            "manager": "kube-controller-manager",
+            "operation": "Update",
+            "subresource": "scale",
+            "fieldsV1": {"f:spec": {"f:replicas": {}}},
+        }
+    ]
+    assert (
+        replicas_managers(entry.unpack()) == replicas_managers(dep) == ("kube-controller-manager",)
+    )
+
+
+def test_the_hpa_keda_made_is_a_stub_with_a_bounded_status() -> None:
+    """Not the pool's (a ScaledObject controls it), but status.autoscaling reads its status."""
+    scaled_object = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "name": "tiny-consumer",
+        "uid": "so",
+        "controller": True,
+    }
+    status = {
+        "currentReplicas": 2,
+        "desiredReplicas": 3,
+        "lastScaleTime": "2026-12-01T12:00:00Z",
+        "currentMetrics": [{"type": "External", "external": {"current": {"value": "1"}}}] * 50,
+        "conditions": [
+            {"type": f"T{i}", "status": "True", "reason": "R", "message": "m" * 9000}
+            for i in range(9)
+        ],
+    }
+    hpa = obj("tiny-consumer", "5", MINE, scaled_object, spec={"maxReplicas": 4}, status=status)
+    (entry,) = index_entries(hpa, "autoscaling/v2", "HorizontalPodAutoscaler").values()
+    assert entry.stub
+    got = entry.unpack()
+    assert "spec" not in got
+    assert got["status"]["currentReplicas"] == 2
+    assert got["status"]["lastScaleTime"] == "2026-12-01T12:00:00Z"
+    assert "currentMetrics" not in got["status"]
+    assert len(got["status"]["conditions"]) == 4
+    assert {len(c["message"]) for c in got["status"]["conditions"]} == {512}
+    # Anyone else's HPA: existence and controller only.
+    (other,) = index_entries(
+        obj("x", "1", status=status), "autoscaling/v2", "HorizontalPodAutoscaler"
+    ).values()
+    assert "status" not in other.unpack()

@@ -148,6 +148,22 @@ def test_status_written_by_the_models_is_stored_and_printed(
         consumers=api.ReplicaStatus(desired=1, ready=1, available=1),
         encoder_output_widths={"image": 128},
         router_endpoint="http://pool.ns.svc:8000",
+        producer_groups=(api.ProducerGroupStatus(name="images", desired=2, ready=1),),
+        router=api.ReplicaStatus(desired=1, ready=1, available=1),
+        autoscaling=(
+            api.AutoscalerStatus(
+                role="consumer",
+                engine="keda",
+                name="pool-consumer",
+                min_replicas=1,
+                max_replicas=8,
+                current_replicas=2,
+                desired_replicas=3,
+                active=True,
+                reason="ScalerActive",
+                last_scale_time=now,
+            ),
+        ),
     )
     body = json.dumps({"status": status.model_dump(mode="json", exclude_none=True)})
     crd.kubectl(
@@ -157,6 +173,10 @@ def test_status_written_by_the_models_is_stored_and_printed(
     assert api.EncoderPool.from_object(_get(crd, namespace, "pool")).status == status
     row = crd.kubectl("get", "-n", namespace, "epool", "pool", "--no-headers").split()
     assert row[:6] == ["pool", "/models/tiny", "sharedVolume", "1/2", "1/1", "False"]
+    # -o wide: each group's and the router's ready/desired, each autoscaler's scale.
+    wide = crd.kubectl("get", "-n", namespace, "epool", "pool", "-o", "wide").splitlines()
+    assert wide[0].split()[-3:] == ["GROUPS", "ROUTER", "AUTOSCALING"]
+    assert re.split(r"\s{2,}", wide[1])[-3:] == ["images 1/2", "1/1", "consumer 2/3 (1-8)"]
     # Conditions are a map keyed by type: a second Ready is refused.
     twice = json.dumps(
         {"status": {"conditions": [c.model_dump(mode="json") for c in conditions * 2]}}

@@ -91,7 +91,12 @@ def test_printer_columns_point_at_fields_that_exist() -> None:
         "Consumers",
         "Ready",
         "Age",
+        "Groups",
+        "Router",
+        "Autoscaling",
     ]
+    # The first six by default; the rest with -o wide.
+    assert [c.get("priority", 0) for c in columns] == [0] * 6 + [1] * 3
     paths = {p for p, _ in NODES}
     for column in columns:
         path = re.sub(r"\[\?.*\]", "[]", column["jsonPath"]).removesuffix("[].status")

@@ -3,7 +3,8 @@
 Producers scale on encoder demand (media items in flight to them, as the router sees
 it) and may sleep at zero while consumers encode the rare item; consumers scale on LM
 demand (vLLM's running plus waiting requests). While a role autoscales, its autoscaler
-owns the Deployment's ``replicas`` and the operator never writes it.
+owns the Deployment's ``replicas``: the operator keeps the live count applied only until
+the autoscaler first writes it (render.vllm.deployment_replicas), then never writes it.
 """
 
 from __future__ import annotations

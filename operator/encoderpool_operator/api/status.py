@@ -108,6 +108,93 @@ class ProducerGroupStatus(ReplicaStatus):
     name: str = Field(max_length=16, description="The group's name (spec.producerGroups).")
 
 
+class AutoscalerStatus(ApiModel):
+    """One autoscaling role's autoscaler, as it reports itself (engine, bounds, scale)."""
+
+    role: str = Field(
+        max_length=32,
+        description="The role's component: producer, producer-<group> or consumer.",
+    )
+    group: str | None = Field(
+        default=None, max_length=16, description="The producer group (spec.producerGroups)."
+    )
+    engine: Literal["keda", "hpa"] = Field(
+        description="keda (a ScaledObject, and the HorizontalPodAutoscaler KEDA makes for "
+        "it) or hpa (a HorizontalPodAutoscaler of the operator's)."
+    )
+    name: str = Field(
+        max_length=63,
+        description="The ScaledObject or HorizontalPodAutoscaler, named like the role's "
+        "Deployment (KEDA's HorizontalPodAutoscaler too).",
+    )
+    min_replicas: int = Field(ge=0, le=10000, description="spec's minReplicas.")
+    max_replicas: int = Field(ge=0, le=10000, description="spec's maxReplicas.")
+    current_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=10000,
+        description="Pods the autoscaler last saw (its HorizontalPodAutoscaler's "
+        "status.currentReplicas).",
+    )
+    desired_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=10000,
+        description="Pods the autoscaler last asked for (status.desiredReplicas: the count "
+        "it last computed, 0 until it has computed one).",
+    )
+    active: bool = Field(
+        default=False,
+        description="Whether the autoscaler scales the role now: KEDA's ScaledObject Ready "
+        "and Active; an HPA's ScalingActive (and AbleToScale not False).",
+    )
+    reason: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=REASON_PATTERN,
+        description="Why it is or is not active, in CamelCase: the autoscaler's own reason "
+        "(e.g. ScalerNotActive, FailedGetExternalMetric), or the operator's "
+        "(NameConflict, WaitingForDeployment, Replacing, NotCreated, "
+        "AutoscalingUnavailable).",
+    )
+    message: str = Field(default="", max_length=1024, description="Why, for humans.")
+    last_scale_time: Timestamp | None = Field(
+        default=None, description="When the autoscaler last changed the role's replicas."
+    )
+
+
+def _field(item: Any, name: str, alias: str) -> Any:
+    """A field of a model or of its dict (by alias or by name): how a status arrives."""
+    if isinstance(item, Mapping):
+        return item.get(alias, item.get(name))
+    return getattr(item, name, None)
+
+
+def _count(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def autoscaler_summary(item: Any) -> str:
+    """<role> <current>/<desired> (<min>-<max>), and `inactive` while it is not active."""
+    current = _count(_field(item, "current_replicas", "currentReplicas"))
+    desired = _count(_field(item, "desired_replicas", "desiredReplicas"))
+    low = _count(_field(item, "min_replicas", "minReplicas"))
+    high = _count(_field(item, "max_replicas", "maxReplicas"))
+    text = f"{_field(item, 'role', 'role')} {current}/{desired} ({low}-{high})"
+    return text if _field(item, "active", "active") else f"{text} inactive"
+
+
+# The derived fields of EncoderPoolStatus, as given by alias or by name.
+_SUMMARIES = frozenset(
+    {
+        "producerGroupsSummary",
+        "producer_groups_summary",
+        "autoscalingSummary",
+        "autoscaling_summary",
+    }
+)
+
+
 class EncoderPoolStatus(ApiModel):
     """Observed state, written by the operator only."""
 
@@ -167,11 +254,54 @@ class EncoderPoolStatus(ApiModel):
             "x-kubernetes-list-map-keys": ["name"],
         },
     )
+    producer_groups_summary: str | None = Field(
+        default=None,
+        max_length=256,
+        description="Each group's ready/desired pods, for `kubectl get -o wide` (derived; any "
+        "value given is replaced).",
+    )
     consumers: ReplicaStatus | None = Field(default=None, description="Consumer pods.")
     router: ReplicaStatus | None = Field(default=None, description="Router pods.")
+    autoscaling: tuple[AutoscalerStatus, ...] | None = Field(
+        default=None,
+        max_length=4,
+        description="Each autoscaling role's autoscaler: engine, bounds, the replicas it saw "
+        "and asked for, whether it is active and why not, when it last scaled; absent when "
+        "no role autoscales.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["role"],
+        },
+    )
+    autoscaling_summary: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Each autoscaler as <role> <current>/<desired> (<min>-<max>), "
+        "`inactive` when it is not active, for `kubectl get -o wide` (derived; any value "
+        "given is replaced).",
+    )
     router_endpoint: str | None = Field(
         default=None,
         max_length=512,
         description="URL of the pool's endpoint in the cluster: "
         "http://<pool>.<namespace>.svc:<port> (the router's Service); absent without a router.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_summaries(cls, data: Any) -> Any:
+        """The summaries from the lists they sum up, so the two never disagree."""
+        if not isinstance(data, Mapping):
+            return data
+        data = {k: v for k, v in data.items() if k not in _SUMMARIES}
+        groups = _field(data, "producer_groups", "producerGroups")
+        if groups:
+            data["producerGroupsSummary"] = ", ".join(
+                f"{_field(g, 'name', 'name')} {_field(g, 'ready', 'ready') or 0}/"
+                f"{_field(g, 'desired', 'desired') or 0}"
+                for g in groups
+            )
+        scalers = data.get("autoscaling")
+        if scalers:
+            data["autoscalingSummary"] = ", ".join(autoscaler_summary(a) for a in scalers)
+        return data

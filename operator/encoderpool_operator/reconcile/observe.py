@@ -29,6 +29,7 @@ from encoderpool_operator.naming import (
 )
 from encoderpool_operator.reconcile.widths import job_state, parse_report
 from encoderpool_operator.render import Defaults, child_refs
+from encoderpool_operator.render.autoscaling import keda_hpa_refs
 from encoderpool_operator.render.widths import report_key
 
 # The label the Job controller puts on each of a Job's pods: the Job's uid, so the
@@ -47,8 +48,9 @@ class Snapshot:
     width_jobs: tuple[Mapping[str, Any], ...] = ()
     # Pods of the current width Job: read only once it completed and no report is stored.
     job_pods: tuple[Mapping[str, Any], ...] = ()
-    # Each object the spec names (``render.child_refs``, and the width Job while there is no
-    # report): the live object, whoever owns it, or None.
+    # Each object the spec names (``render.child_refs``, the HPAs KEDA makes for the
+    # ScaledObjects, and the width Job while there is no report): the live object,
+    # whoever owns it, or None.
     live: Mapping[Ref, Mapping[str, Any] | None] = field(default_factory=dict)
     # Every object of ``naming.CHILD_KINDS`` this pool controls, wanted or not (for pruning).
     owned: Mapping[Ref, Mapping[str, Any]] = field(default_factory=dict)
@@ -72,6 +74,12 @@ class Snapshot:
     def ours(self, obj: Mapping[str, Any] | None) -> bool:
         return obj is not None and controller_uid(obj) == self.pool.metadata.get("uid")
 
+    def made_by_ours(self, obj: Mapping[str, Any] | None) -> bool:
+        """Controlled by one of the pool's children (the HPA KEDA makes for a ScaledObject
+        of the pool's): the pool's too, one step removed."""
+        uid = controller_uid(obj) if obj is not None else None
+        return bool(uid) and any(uid == c["metadata"].get("uid") for c in self.owned.values())
+
     def child(self, ref: Ref) -> Mapping[str, Any] | None:
         return self.live.get(ref)
 
@@ -81,9 +89,12 @@ class Snapshot:
         return dep if self.ours(dep) else None
 
     def foreign(self) -> list[Ref]:
-        """Objects with a child's name that this pool does not control: never touched."""
+        """Objects with a child's name that neither this pool nor a child of it controls:
+        never touched."""
         return sorted(
-            ref for ref, obj in self.live.items() if obj is not None and not self.ours(obj)
+            ref
+            for ref, obj in self.live.items()
+            if obj is not None and not self.ours(obj) and not self.made_by_ours(obj)
         )
 
 
@@ -111,9 +122,11 @@ def observe(kube: Reader, obj: Mapping[str, Any], defaults: Defaults | None = No
                     "apiVersion": api_version,
                     "kind": kind,
                 }
+    refs = child_refs(pool, defaults)
+    if defaults is not None:  # the HPAs KEDA makes: whose they are decides the ScaledObject
+        refs += keda_hpa_refs(pool, defaults.autoscaling_engine, defaults.prometheus_address)
     live: dict[Ref, Mapping[str, Any] | None] = {
-        ref: owned[ref] if ref in owned else kube.get(ref[0], ref[1], ns, ref[2])
-        for ref in child_refs(pool, defaults)
+        ref: owned[ref] if ref in owned else kube.get(ref[0], ref[1], ns, ref[2]) for ref in refs
     }
     jobs = kube.list("batch/v1", "Job", ns, f"{pool_selector},{LABEL_COMPONENT}={WIDTH_JOB}")
     snap = Snapshot(

@@ -1,7 +1,7 @@
 """Plan: a pure function from what was observed (and the spec inside it) to the writes and status.
 
     objects with a child's name that the pool does not control -> never touched,
-         ChildrenOwned=False names them
+         ChildrenOwned=False names them, and each autoscaler withheld for one (scaling.py)
     widths (reuse the report, take it from the Job, or measure)
       -> with a report: render the children (pure), apply only those that differ
          (each carries a digest of itself, so a removed field is a difference too),
@@ -52,6 +52,7 @@ from encoderpool_operator.naming import (
     Ref,
     group_component,
     name_of,
+    producer_components,
     ref_of,
 )
 from encoderpool_operator.reconcile.actions import (
@@ -64,8 +65,13 @@ from encoderpool_operator.reconcile.actions import (
 )
 from encoderpool_operator.reconcile.compare import is_subset
 from encoderpool_operator.reconcile.observe import Snapshot
+from encoderpool_operator.reconcile.scaling import (
+    autoscaling_status,
+    conflict_text,
+    withheld_autoscalers,
+)
 from encoderpool_operator.reconcile.widths import plan_widths
-from encoderpool_operator.render import Defaults, child_refs, workload_objects
+from encoderpool_operator.render import Defaults, Observed, child_refs, workload_objects
 from encoderpool_operator.render.autoscaling import autoscaling_problem
 from encoderpool_operator.render.router import router_endpoint, router_services
 from encoderpool_operator.render.secret import INTERNAL_KEYS, internal_secret
@@ -179,11 +185,12 @@ def status_patch(
     return body
 
 
-def ownership(snap: Snapshot) -> ConditionUpdate:
-    """ChildrenOwned: False, naming each object, while another owner holds a child's name."""
+def ownership(snap: Snapshot, withheld_text: str = "") -> ConditionUpdate:
+    """ChildrenOwned: False, naming each object, while another owner holds a child's name;
+    ``withheld_text`` names the autoscalers withheld for such objects."""
     gen = snap.pool.generation
     foreign = snap.foreign()
-    if not foreign:
+    if not foreign and not withheld_text:
         return ConditionUpdate(
             type=CHILDREN_OWNED,
             status="True",
@@ -192,12 +199,17 @@ def ownership(snap: Snapshot) -> ConditionUpdate:
             observed_generation=gen,
         )
     names = ", ".join(f"{kind} {snap.pool.namespace}/{name}" for _, kind, name in foreign)
+    text = (
+        f"{names} already exists and is not controlled by this pool, so the operator "
+        "leaves it alone: delete or rename it (or give the pool another name)"
+        if foreign
+        else ""
+    )
     return ConditionUpdate(
         type=CHILDREN_OWNED,
         status="False",
         reason="NameConflict",
-        message=f"{names} already exists and is not controlled by this pool, so the operator "
-        "leaves it alone: delete or rename it (or give the pool another name)",
+        message="; ".join(t for t in (text, withheld_text) if t),
         observed_generation=gen,
     )
 
@@ -240,6 +252,11 @@ def with_internal_secret(pool: EncoderPool, applies: list[Apply]) -> list[Action
     return [*applies[:first], secret, *applies[first:]]
 
 
+def vllm_components(pool: EncoderPool) -> list[str]:
+    """The components of the pool's vLLM Deployments: each producer one, the consumers."""
+    return [*(c for c, _ in producer_components(pool)), CONSUMER]
+
+
 def _writes_to(action: Action) -> Ref | None:
     if isinstance(action, (Apply, Create)):
         return ref_of(action.obj)
@@ -253,7 +270,11 @@ def plan(snap: Snapshot, defaults: Defaults, now: datetime) -> Plan:
     widths = plan_widths(snap, defaults.width_retry_seconds, now)
     foreign = set(snap.foreign())
     actions: list[Action] = [a for a in widths.actions if _writes_to(a) not in foreign]
-    updates: list[ConditionUpdate] = [ownership(snap), widths.condition]
+    withheld = withheld_autoscalers(snap, defaults)
+    updates: list[ConditionUpdate] = [
+        ownership(snap, conflict_text(snap, defaults, withheld)),
+        widths.condition,
+    ]
     status_fields: dict[str, Any] = {
         "observed_generation": gen,
         "model_fingerprint": snap.fingerprint,
@@ -264,9 +285,13 @@ def plan(snap: Snapshot, defaults: Defaults, now: datetime) -> Plan:
     blocked = foreign_router_services(pool, foreign)
     router_ref = ("apps/v1", "Deployment", name_of(pool, ROUTER))
     if report is not None:
+        observed = Observed(
+            {d["metadata"]["name"]: d for c in vllm_components(pool) if (d := snap.deployment(c))},
+            frozenset(withheld),
+        )
         applies = [
             Apply(child)
-            for child in workload_objects(pool, report, defaults)
+            for child in workload_objects(pool, report, defaults, observed)
             if ref_of(child) not in foreign
             and not (blocked and ref_of(child) == router_ref)
             and not is_subset(child, snap.child(ref_of(child)))
@@ -282,12 +307,18 @@ def plan(snap: Snapshot, defaults: Defaults, now: datetime) -> Plan:
             hidden_size=report.hidden_size,
         )
 
-    wanted = set(child_refs(pool, defaults))
+    # An autoscaler withheld for someone else's object goes; one waiting (for its new
+    # Deployment, or for the other engine's to go) is kept as it is.
+    conflicts = frozenset(c for c, w in withheld.items() if w.conflict)
+    wanted = set(child_refs(pool, defaults, conflicts))
     if blocked:
         wanted.discard(router_ref)
+    withheld_refs = set(child_refs(pool, defaults)) - wanted
     for ref in sorted(set(snap.owned) - wanted):
         blocked_router = bool(blocked) and ref == router_ref
         why = "its Services are not this pool's" if blocked_router else "no longer in the spec"
+        if ref in withheld_refs and not blocked_router:
+            why = "withheld: its Deployment or HorizontalPodAutoscaler is not this pool's"
         actions.append(Delete(*ref, why))
 
     roles: Sequence[tuple[str, str, str, int | RoleSpec]] = [
@@ -328,6 +359,7 @@ def plan(snap: Snapshot, defaults: Defaults, now: datetime) -> Plan:
         conditions, router_enabled=pool.spec.router.enabled, observed_generation=gen
     )
     problem = autoscaling_problem(pool, defaults.autoscaling_engine, defaults.prometheus_address)
+    status_fields["autoscaling"] = autoscaling_status(snap, defaults, withheld, problem)
     if problem is not None and ready.status == "True":  # it serves, but not as asked
         ready = ready.model_copy(
             update={"status": "False", "reason": AUTOSCALING_UNAVAILABLE, "message": problem}
@@ -422,10 +454,17 @@ def _shape(status: EncoderPoolStatus) -> Any:
     a rollout got are progress (Ready turning True is the end of it)."""
     ready = next((c.status for c in status.conditions if c.type == READY), None)
     problems = sorted((c.type, c.reason) for c in status.conditions if c.reason in PROBLEM_REASONS)
+    progress = {"producers", "producer_groups", "producer_groups_summary", "consumers", "router"}
     rest = status.model_dump(
-        exclude={"conditions", "producers", "producer_groups", "consumers", "router"}
+        exclude={"conditions", "autoscaling", "autoscaling_summary", *progress}
     )
-    return ready, problems, rest
+    # An autoscaler's counts and last scale are progress; its engine, bounds and whether
+    # it is active (and why not) are not.
+    scaling = [
+        (a.role, a.engine, a.min_replicas, a.max_replicas, a.active, a.reason)
+        for a in status.autoscaling or ()
+    ]
+    return ready, problems, rest, scaling
 
 
 def progress_hold(

@@ -25,7 +25,8 @@ reconcile prunes them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from encoderpool_contracts import WidthReport
@@ -50,7 +51,20 @@ from encoderpool_operator.render.router import router_objects, router_refs
 from encoderpool_operator.render.transport import cache_claim
 from encoderpool_operator.render.vllm import vllm_deployments, vllm_services
 
-__all__ = ["Defaults", "child_refs", "with_digest", "workload_objects"]
+__all__ = ["Defaults", "Observed", "child_refs", "with_digest", "workload_objects"]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What rendering takes from the live world, read by the plan, so that rendering
+    stays a pure function of its arguments."""
+
+    # The pool's own Deployments by name: an autoscaling role keeps its live replicas
+    # applied until its autoscaler holds them (render.vllm.deployment_replicas).
+    deployments: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Components whose autoscaler is not rendered: its Deployment, or a name it needs,
+    # is not the pool's (reconcile.scaling.withheld_autoscalers).
+    withheld: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -73,10 +87,11 @@ def with_digest(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def workload_objects(
-    pool: EncoderPool, report: WidthReport, defaults: Defaults
+    pool: EncoderPool, report: WidthReport, defaults: Defaults, observed: Observed | None = None
 ) -> list[dict[str, Any]]:
     """Everything that serves traffic, for a measured model: in apply order, each with
     its digest."""
+    observed = observed or Observed()
     config = pool.spec.connector_config(
         report.fingerprint, report.encoder_output_widths, report.identity
     )
@@ -84,15 +99,19 @@ def workload_objects(
     objects = [
         *([claim] if claim is not None else []),
         *vllm_services(pool),
-        *vllm_deployments(pool, config),
+        *vllm_deployments(pool, config, observed.deployments),
         *router_objects(pool, defaults.router_image),
         *network_policies(pool),
-        *autoscaler_objects(pool, defaults.autoscaling_engine, defaults.prometheus_address),
+        *autoscaler_objects(
+            pool, defaults.autoscaling_engine, defaults.prometheus_address, observed.withheld
+        ),
     ]
     return [with_digest(o) for o in objects]
 
 
-def child_refs(pool: EncoderPool, defaults: Defaults | None = None) -> list[Ref]:
+def child_refs(
+    pool: EncoderPool, defaults: Defaults | None = None, withheld: frozenset[str] = frozenset()
+) -> list[Ref]:
     """(apiVersion, kind, name) of what ``workload_objects`` returns, without a report.
 
     The reconcile reads these before it knows the report; a test keeps the two in step.
@@ -109,5 +128,7 @@ def child_refs(pool: EncoderPool, defaults: Defaults | None = None) -> list[Ref]
     refs += router_refs(pool)
     refs += [ref_of(p) for p in network_policies(pool)]
     if defaults is not None:
-        refs += autoscaler_refs(pool, defaults.autoscaling_engine, defaults.prometheus_address)
+        refs += autoscaler_refs(
+            pool, defaults.autoscaling_engine, defaults.prometheus_address, withheld
+        )
     return refs

@@ -5,10 +5,16 @@ consumers), named like the role's Deployment. KEDA (the default engine) queries 
 cluster's Prometheus itself and takes a role to and from zero; the HPA engine reads
 External metrics through the cluster's own adapter. The queries and metric names come
 from ``encoderpool_contracts.signals`` (docs/autoscaling.md says why each signal).
+
+KEDA makes a HorizontalPodAutoscaler for each ScaledObject, and takes over one of that
+name that exists already, whoever owns it: the operator names it itself (like the
+Deployment, ``hpa_name``) and reads it as a child, so the plan withholds a ScaledObject
+whose HPA name is someone else's (``withheld`` in ``autoscaler_objects``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,6 +41,7 @@ from encoderpool_operator.naming import (
     ROUTER,
     Ref,
     child_meta,
+    group_component,
     name_of,
     producer_components,
 )
@@ -84,6 +91,18 @@ class Scaler:
     deployment: str
     settings: Autoscaling
     triggers: tuple[Trigger, ...]
+    group: str | None = None  # the producer group, if the role is one
+
+    @property
+    def name(self) -> str:
+        """The ScaledObject or HPA: named like its Deployment."""
+        return self.deployment
+
+    @property
+    def hpa_name(self) -> str:
+        """The HorizontalPodAutoscaler either engine drives the Deployment through (KEDA's
+        named by the operator, not ``keda-hpa-<name>``), one name for both engines."""
+        return self.deployment
 
 
 def _selector(pool: EncoderPool, **extra: str) -> str:
@@ -158,11 +177,15 @@ def consumer_triggers(pool: EncoderPool, settings: Autoscaling) -> list[Trigger]
 def scalers(pool: EncoderPool) -> list[Scaler]:
     """Every role of ``pool`` that autoscales, producers first."""
     out: list[Scaler] = []
+    groups = {group_component(g): g.name for g in pool.spec.producer_groups}
     for component, role in producer_components(pool):
         if role.autoscaling is not None:
             triggers = producer_triggers(pool, component, role.autoscaling)
+            group = groups.get(component)
             out.append(
-                Scaler(component, name_of(pool, component), role.autoscaling, tuple(triggers))
+                Scaler(
+                    component, name_of(pool, component), role.autoscaling, tuple(triggers), group
+                )
             )
     consumer = pool.spec.consumer.autoscaling
     if consumer is not None:
@@ -218,7 +241,7 @@ def scaled_object(pool: EncoderPool, scaler: Scaler, prometheus: str) -> dict[st
             "cooldownPeriod": max(s.scale_down.stabilization_window_seconds, KEDA_POLLING_SECONDS),
             "advanced": {
                 "horizontalPodAutoscalerConfig": {
-                    "name": scaler.deployment,
+                    "name": scaler.hpa_name,
                     "behavior": behavior(s),
                 }
             },
@@ -276,25 +299,52 @@ def horizontal_pod_autoscaler(pool: EncoderPool, scaler: Scaler) -> dict[str, An
     }
 
 
+def rendered_scalers(
+    pool: EncoderPool, engine: Engine, prometheus: str | None, withheld: Set[str] = frozenset()
+) -> list[Scaler]:
+    """The scalers rendered: none when KEDA has no Prometheus to ask (plan reports that
+    instead), none whose component the plan ``withheld`` (their Deployment or a name is
+    not the pool's)."""
+    if engine == "keda" and prometheus is None:
+        return []
+    return [s for s in scalers(pool) if s.component not in withheld]
+
+
 def autoscaler_objects(
-    pool: EncoderPool, engine: Engine, prometheus: str | None
+    pool: EncoderPool, engine: Engine, prometheus: str | None, withheld: Set[str] = frozenset()
 ) -> list[dict[str, Any]]:
-    """The autoscalers of ``pool``'s autoscaling roles (none when KEDA has no Prometheus
-    to ask: plan reports that instead)."""
+    """The autoscalers of ``pool``'s autoscaling roles (``rendered_scalers``)."""
+    found = rendered_scalers(pool, engine, prometheus, withheld)
     if engine == "hpa":
-        return [horizontal_pod_autoscaler(pool, s) for s in scalers(pool)]
-    if prometheus is None:
-        return []
-    return [scaled_object(pool, s, prometheus) for s in scalers(pool)]
+        return [horizontal_pod_autoscaler(pool, s) for s in found]
+    return [scaled_object(pool, s, prometheus) for s in found if prometheus is not None]
 
 
-def autoscaler_refs(pool: EncoderPool, engine: Engine, prometheus: str | None) -> list[Ref]:
+def scaler_ref(engine: Engine, scaler: Scaler) -> Ref:
+    """(apiVersion, kind, name) of ``scaler``'s autoscaler with ``engine``."""
+    if engine == "hpa":
+        return (HPA_API, "HorizontalPodAutoscaler", scaler.name)
+    return (KEDA_API, "ScaledObject", scaler.name)
+
+
+def hpa_ref(scaler: Scaler) -> Ref:
+    """The HorizontalPodAutoscaler that drives ``scaler``'s Deployment (either engine's)."""
+    return (HPA_API, "HorizontalPodAutoscaler", scaler.hpa_name)
+
+
+def autoscaler_refs(
+    pool: EncoderPool, engine: Engine, prometheus: str | None, withheld: Set[str] = frozenset()
+) -> list[Ref]:
     """(apiVersion, kind, name) of what ``autoscaler_objects`` returns."""
-    if engine == "hpa":
-        return [(HPA_API, "HorizontalPodAutoscaler", s.deployment) for s in scalers(pool)]
-    if prometheus is None:
+    return [scaler_ref(engine, s) for s in rendered_scalers(pool, engine, prometheus, withheld)]
+
+
+def keda_hpa_refs(pool: EncoderPool, engine: Engine, prometheus: str | None) -> list[Ref]:
+    """The HorizontalPodAutoscalers KEDA makes for the pool's ScaledObjects: not the
+    operator's to write, but read like its children (whose they are, what they report)."""
+    if engine != "keda":
         return []
-    return [(KEDA_API, "ScaledObject", s.deployment) for s in scalers(pool)]
+    return [hpa_ref(s) for s in rendered_scalers(pool, engine, prometheus)]
 
 
 def autoscaling_problem(pool: EncoderPool, engine: Engine, prometheus: str | None) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from encoderpool_contracts import (
@@ -24,12 +25,14 @@ from encoderpool_operator.api import EncoderPool, RoleSpec
 from encoderpool_operator.naming import (
     ANNOTATION_CONFIG_HASH,
     CONSUMER,
+    FIELD_MANAGER,
     PRODUCER,
     child_meta,
     config_hash,
     labels,
     name_of,
     producer_components,
+    replicas_managers,
     selector_labels,
 )
 from encoderpool_operator.render import transport
@@ -110,25 +113,47 @@ def vllm_services(pool: EncoderPool) -> list[dict[str, Any]]:
     return [*producers, service(pool, name_of(pool, CONSUMER), CONSUMER, HTTP_PORT)]
 
 
-def vllm_deployments(pool: EncoderPool, config: ConnectorConfig) -> list[dict[str, Any]]:
+def vllm_deployments(
+    pool: EncoderPool,
+    config: ConnectorConfig,
+    live: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """Each producer Deployment, then the consumers'. Every producer gets the one config
     the consumers get: entries any group writes carry the pool's fingerprint and widths,
-    so every consumer loads them."""
+    so every consumer loads them. ``live``: the pool's own Deployments by name, as
+    observed (``deployment_replicas`` reads them)."""
+    live = live or {}
     producers = [
-        vllm_deployment(pool, PRODUCER, config, c, role) for c, role in producer_components(pool)
+        vllm_deployment(pool, PRODUCER, config, c, role, live.get(name_of(pool, c)))
+        for c, role in producer_components(pool)
     ]
-    return [*producers, vllm_deployment(pool, CONSUMER, config)]
+    consumer = live.get(name_of(pool, CONSUMER))
+    return [*producers, vllm_deployment(pool, CONSUMER, config, live=consumer)]
 
 
-def deployment_replicas(role_spec: RoleSpec) -> dict[str, Any]:
-    """The Deployment's ``replicas`` field: the role's count.
+def deployment_replicas(
+    role_spec: RoleSpec, live: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The Deployment's ``replicas`` field: the role's count, or while it autoscales, the
+    live count until another field manager holds the field, then nothing.
 
-    The one place the count is written: a role whose count another controller owns
-    (an autoscaler) must get no ``replicas`` here, or every apply would reset it.
+    Server-side apply removes a field its only manager stops sending, and the API server
+    then defaults replicas to 1: dropping it as a role starts autoscaling would take
+    3 pods to 1 before the autoscaler acts. So the live count (at least minReplicas; for
+    a new Deployment max(minReplicas, 1)) stays applied until the autoscaler writes it
+    (the HPA controller and KEDA write through /scale, which makes them its manager),
+    and only then is left out: server-side apply's transfer of ownership. Every apply in
+    between sends the live value, so it never resets the autoscaler's count either.
     """
-    if role_spec.autoscaling is not None:  # the autoscaler owns it (render.autoscaling)
+    autoscaling = role_spec.autoscaling
+    if autoscaling is None:
+        return {"replicas": role_spec.replicas}
+    if any(m != FIELD_MANAGER for m in replicas_managers(live)):
         return {}
-    return {"replicas": role_spec.replicas}
+    current = ((live or {}).get("spec") or {}).get("replicas")
+    if not isinstance(current, int):
+        current = max(autoscaling.min_replicas, 1)
+    return {"replicas": max(current, autoscaling.min_replicas)}
 
 
 # An autoscaling producer being removed leaves its Service's EndpointSlice at once (not
@@ -152,9 +177,11 @@ def vllm_deployment(
     config: ConnectorConfig,
     component: str | None = None,
     role_spec: RoleSpec | None = None,
+    live: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The Deployment of one role; a producer group passes its component and pod settings
-    (everything else, the connector config included, is the pool's, as for any producer)."""
+    (everything else, the connector config included, is the pool's, as for any producer);
+    ``live`` is the Deployment as observed (for ``deployment_replicas``)."""
     spec = pool.spec
     component = component or role
     if role_spec is None:
@@ -265,7 +292,7 @@ def vllm_deployment(
         "kind": "Deployment",
         "metadata": child_meta(pool, name_of(pool, component), component),
         "spec": {
-            **deployment_replicas(role_spec),
+            **deployment_replicas(role_spec, live),
             "selector": {"matchLabels": selector_labels(pool, component)},
             "strategy": {
                 "type": "RollingUpdate",
