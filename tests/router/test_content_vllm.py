@@ -14,16 +14,43 @@ of media in one part).
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import vllm.entrypoints.openai.chat_completion.protocol as protocol
 
 from encoderpool_router.content import MEDIA_TYPES, PartRefused, read_media
 
-vllm_chat = pytest.importorskip("vllm.renderers.chat_utils")
-protocol = pytest.importorskip("vllm.entrypoints.openai.chat_completion.protocol")
+
+def _vllm_chat_parser() -> tuple[Callable[..., Any], type, Any]:
+    """vLLM's chat parser (parse one message; the parser base class; vLLM's own parser),
+    wherever the release keeps it: the module ``vllm/renderers/chat_utils.py`` (0.32), or
+    the package ``vllm/renderers/chat_utils/`` (0.33 on). In neither place the module
+    fails to load, naming both: a supported vLLM without it is a failure, never a skip."""
+    places = (
+        ("vllm.renderers.chat_utils", "_parse_chat_message_content", "vllm.renderers.chat_utils"),
+        (
+            "vllm.renderers.chat_utils.chat_message",
+            "parse_chat_message_content",
+            "vllm.renderers.chat_utils.content_parser",
+        ),
+    )
+    for message_module, parse_name, parser_module in places:
+        try:
+            parse = getattr(importlib.import_module(message_module), parse_name)
+            parsers = importlib.import_module(parser_module)
+            return parse, parsers.BaseMultiModalContentParser, parsers.MultiModalContentParser
+        except (ImportError, AttributeError):
+            continue
+    tried = "; ".join(f"{m}.{p} with {c}.BaseMultiModalContentParser" for m, p, c in places)
+    raise ImportError(f"vLLM's chat parser is in none of the places known: {tried}")
+
+
+_parse_chat_message_content, _BaseParser, _VllmParser = _vllm_chat_parser()
 
 Item = tuple[str, str | None, str | None]  # modality, URL (inline audio as vLLM's data URL), uuid
 
@@ -35,7 +62,7 @@ IMG, IMG2, VID, AUD = (
 )
 
 
-class _Recorder(vllm_chat.BaseMultiModalContentParser):  # type: ignore[misc,name-defined]
+class _Recorder(_BaseParser):  # type: ignore[misc,valid-type]
     """vLLM's parser interface, recording what vLLM hands it instead of fetching."""
 
     def __init__(self) -> None:
@@ -63,7 +90,7 @@ class _Recorder(vllm_chat.BaseMultiModalContentParser):  # type: ignore[misc,nam
 
     def parse_input_audio(self, input_audio: Any, uuid: str | None = None) -> None:
         # vLLM's own conversion of inline audio into a data URL, then parse_audio.
-        vllm_chat.MultiModalContentParser.parse_input_audio(self, input_audio, uuid)
+        _VllmParser.parse_input_audio(self, input_audio, uuid)
 
     def parse_audio_embeds(self, audio_embeds: Any, uuid: str | None = None) -> None:
         self.items.append(("audio_embeds", None, uuid))
@@ -92,7 +119,7 @@ def vllm_items(body: dict[str, Any]) -> list[Item] | None:
         request = protocol.ChatCompletionRequest.model_validate(copy.deepcopy(body))
         tracker = _Tracker()
         for message in request.messages:
-            vllm_chat._parse_chat_message_content(
+            _parse_chat_message_content(
                 message, tracker, content_format="string", interleave_strings=False
             )
     except Exception:  # any refusal of vLLM's (its 400s), whatever the class
