@@ -27,11 +27,13 @@ mkdir -p "$dest"
 exec 9>"$dest/.lock"
 flock 9  # one fetch at a time: a second caller waits, then finds the folders made
 V=${VENV:-$("$root/tools/venv.sh")}
+work=""
+trap 'rm -rf "$work"' EXIT  # a failed fetch leaves nothing half made
 while read -r version sha; do
   out=$(folder "$version" "$sha")
   if [ ! -f "$out/.complete" ]; then
     t0=$(date +%s)
-    log "fetching vllm $version (a CUDA wheel of about 0.5 GB; only its Python modules are used)"
+    log "fetching vllm $version (a CUDA wheel of 240-340 MB; only its Python modules are used)"
     work=$(mktemp -d "$dest/.fetch.XXXXXX")
     grep -E "^vllm==$version " "$pins" > "$work/req.txt"
     # --require-hashes: pip refuses a wheel whose sha256 is not the pinned one.
