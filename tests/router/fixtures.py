@@ -326,6 +326,18 @@ class RouterProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> RouterProcess:
+        """Start it; ports another process took between ``free_port`` and the bind are
+        replaced by fresh ones (up to three tries: a race with other suites' sockets)."""
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except RuntimeError as e:
+                if "address already in use" not in str(e) or attempt == 2:
+                    raise
+                self.port, self.metrics_port, self.probe_port = (free_port() for _ in range(3))
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> RouterProcess:
         env = {**base_env(), PROBE_PORT_ENV: str(self.probe_port), **self.env}
         pin = ["taskset", "-c", self.cpus] if self.cpus is not None else []
         with self.log_path.open("ab") as log:

@@ -678,6 +678,7 @@ def test_a_producer_worker_counts_a_staging_drop_in_its_report(
         w.shutdown()
 
 
+@pytest.mark.alone  # times a thread's sleep in milliseconds: starved beside other suites
 def test_the_writer_lets_a_burst_of_saves_finish_but_never_waits_long(
     store: SharedStore,
 ) -> None:
