@@ -19,7 +19,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -143,6 +146,49 @@ def tools_dir() -> Path:
     once, then found by its versions' key)."""
     out = run([MONITORING_DIR / "build.sh"], timeout=3600).stdout.split()[-1]
     return Path(out)
+
+
+@contextmanager
+def local_prometheus(config: Mapping[str, Any], work: Path) -> Iterator[str]:
+    """The test bed's Prometheus as a local process with ``config`` (its data and log in
+    ``work``), on a free loopback port; yields its base URL once it is ready."""
+    (work / "prometheus.yml").write_text(json.dumps(config))
+    log = work / "prometheus.log"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [
+                str(tools_dir() / "prometheus"),
+                f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        if proc.poll() is not None:  # a rule file it cannot load stops it at start
+            raise AssertionError(f"Prometheus exited:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    try:
+        deadline = time.monotonic() + 60
+        while not ready():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Prometheus not ready in 60 s:\n{log.read_text()}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def build_image(env: Mapping[str, str]) -> str:

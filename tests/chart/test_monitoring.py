@@ -5,8 +5,6 @@ The kind test bed runs them again after traffic (tests/kind/test_autoscaling.py)
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -14,16 +12,10 @@ from typing import Any
 
 import pytest
 
-from e2e.kind.monitoring import tools_dir
+from e2e.kind.monitoring import local_prometheus
 from encoderpool_codegen.monitoring import ALERTS, PANELS
 from tests.chart.fixtures import CHART
 from tests.waiting import wait_until
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -31,36 +23,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     work = tmp_path_factory.mktemp("prometheus")
     (work / "alerts.yml").write_text((CHART / "files" / "alerts.json").read_text())
     config = {"global": {"evaluation_interval": "1s"}, "rule_files": [str(work / "alerts.yml")]}
-    (work / "prometheus.yml").write_text(json.dumps(config))
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            str(tools_dir() / "prometheus"),
-            f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={work / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until("Prometheus ready", lambda: _ready(url, proc), timeout=60)
+    with local_prometheus(config, work) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def _ready(url: str, proc: subprocess.Popen[str]) -> bool:
-    if proc.poll() is not None:  # a rule file it cannot load stops it at start
-        raise AssertionError(f"Prometheus exited: {proc.stderr.read() if proc.stderr else ''}")
-    try:
-        with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 def _get(url: str, path: str, **query: str) -> Any:

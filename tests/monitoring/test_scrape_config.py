@@ -14,8 +14,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import socket
-import subprocess
 import threading
 import urllib.parse
 import urllib.request
@@ -31,7 +29,7 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster
-from e2e.kind.monitoring import OPERATOR_NAMESPACE, SCRAPE_CONFIG, scrape_config, tools_dir
+from e2e.kind.monitoring import OPERATOR_NAMESPACE, SCRAPE_CONFIG, local_prometheus, scrape_config
 from encoderpool_contracts.signals import (
     ENCODER_INFLIGHT_SECONDS,
     ENCODER_UNSERVED_ITEMS,
@@ -303,51 +301,16 @@ def host_pod(name: str, labels: Mapping[str, str], port_name: str, port: int) ->
 @contextmanager
 def prometheus(config: dict[str, Any], work: Path) -> Iterator[Callable[[str], list[Any]]]:
     """The test bed's Prometheus with ``config``; yields an instant-query function."""
-    (work / "prometheus.yml").write_text(json.dumps(config))
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            str(tools_dir() / "prometheus"),
-            f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={work / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=(work / "prometheus.log").open("w"),
-    )
-    url = f"http://127.0.0.1:{port}"
+    with local_prometheus(config, work) as url:
 
-    def get(path: str, **query: str) -> Any:
-        q = urllib.parse.urlencode(query)
-        with urllib.request.urlopen(f"{url}{path}?{q}", timeout=10) as r:
-            return json.load(r)
+        def query(promql: str) -> list[Any]:
+            q = urllib.parse.urlencode({"query": promql})
+            with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=10) as r:
+                body = json.load(r)
+            assert body["status"] == "success", body
+            return list(body["data"]["result"])
 
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"Prometheus exited:\n{(work / 'prometheus.log').read_text()}")
-        try:
-            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    def query(promql: str) -> list[Any]:
-        body = get("/api/v1/query", query=promql)
-        assert body["status"] == "success", body
-        return list(body["data"]["result"])
-
-    try:
-        wait_until("Prometheus ready", ready, timeout=60)
         yield query
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

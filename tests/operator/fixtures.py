@@ -5,6 +5,7 @@ tests/conftest.py). Test modules import from here, never from each other."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -30,6 +31,10 @@ from tests.waiting import wait_until
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "encoderpool.io_encoderpools.yaml"
 DEFAULTS = Defaults(router_image="example.invalid/router:test", width_retry_seconds=30)
+# The operator's settings with each autoscaling engine.
+PROM = "http://prometheus.monitoring.svc:9090"
+KEDA = dataclasses.replace(DEFAULTS, autoscaling_engine="keda", prometheus_address=PROM)
+HPA = dataclasses.replace(DEFAULTS, autoscaling_engine="hpa")
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
 UID = "pool-uid"
 

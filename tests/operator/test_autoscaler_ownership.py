@@ -19,7 +19,9 @@ from encoderpool_operator.reconcile.plan import plan
 from encoderpool_operator.render.vllm import deployment_replicas
 from tests.operator.fixtures import (
     DEFAULTS,
+    HPA,
     HPA_HOLDS_REPLICAS,
+    KEDA,
     NOW,
     live_children,
     owned_of,
@@ -31,9 +33,6 @@ from tests.operator.fixtures import (
     writes,
 )
 
-PROM = "http://prometheus.monitoring.svc:9090"
-KEDA = dataclasses.replace(DEFAULTS, autoscaling_engine="keda", prometheus_address=PROM)
-HPA = dataclasses.replace(DEFAULTS, autoscaling_engine="hpa")
 DEPLOYMENT = ("apps/v1", "Deployment", "tiny-consumer")
 SCALED_OBJECT = ("keda.sh/v1alpha1", "ScaledObject", "tiny-consumer")
 HPA_REF = ("autoscaling/v2", "HorizontalPodAutoscaler", "tiny-consumer")

@@ -25,7 +25,10 @@ from encoderpool_operator.render.vllm import DRAIN_SECONDS
 from tests.operator.fixtures import (
     DEFAULTS,
     GROUPS,
+    HPA,
+    KEDA,
     NOW,
+    PROM,
     live_children,
     owned_of,
     plan_condition,
@@ -36,9 +39,6 @@ from tests.operator.fixtures import (
     writes,
 )
 
-PROM = "http://prometheus.monitoring.svc:9090"
-KEDA = dataclasses.replace(DEFAULTS, autoscaling_engine="keda", prometheus_address=PROM)
-HPA = dataclasses.replace(DEFAULTS, autoscaling_engine="hpa")
 PRODUCER_SCALING = {"minReplicas": 0, "maxReplicas": 4}
 CONSUMER_SCALING = {"minReplicas": 1, "maxReplicas": 3, "target": 4, "targetKvCacheUsage": 0.8}
 
