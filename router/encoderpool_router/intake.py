@@ -89,7 +89,9 @@ async def _read(request: web.Request, limit: int, timeout_s: float, lease: Lease
 
     Its memory is reserved before it is read: a declared length whole (and a copy for
     the parse, ``BODY_COPIES``), so a body that cannot fit is refused unread; a body
-    of unknown length a chunk at a time, aiohttp's read-ahead kept to a chunk."""
+    of unknown length a chunk at a time, aiohttp's read-ahead kept to a chunk. A
+    compressed body (aiohttp decompresses it) declares its compressed length: what it
+    grows to beyond that is reserved as it comes."""
     length = request.content_length
     if length is not None and length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=length)
@@ -106,7 +108,7 @@ async def _read(request: web.Request, limit: int, timeout_s: float, lease: Lease
             size += len(chunk)
             if size > limit:
                 raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
-            if length is None:
+            if length is None or size > length:  # unsized, or decompressed past its length
                 lease.grow_to(BODY_COPIES * (size + UNKNOWN_LENGTH_CHUNK))
             chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -279,3 +279,46 @@ def test_bodies_past_the_budget_are_refused_before_they_are_read() -> None:
                     w.close()
 
     run(scenario(), timeout=180)
+
+
+def test_a_compressed_body_is_reserved_as_it_decompresses() -> None:
+    """A gzip body declares its compressed length; the router holds what it inflates to."""
+    import gzip
+
+    async def scenario() -> None:
+        consumer = FakeBackend("consumer")
+        async with fakes(consumer) as (curl,):
+            router = Router(
+                RouterSettings(
+                    consumers=(curl,),
+                    max_body_bytes=8 * MIB,
+                    body_memory_bytes=20 * MIB,
+                    body_memory_per_client_bytes=16 * MIB,
+                )
+            )
+            seen: list[int] = []
+            grow = router.budget.take
+
+            def take(lease: Any, n: int) -> None:
+                grow(lease, n)
+                seen.append(lease.held + n)
+
+            router.budget.take = take  # type: ignore[method-assign]
+            async with listening(build_app(router), limits()) as (_, port):
+                text = json.dumps({"model": "m", "prompt": "x" * (6 * MIB)}).encode()
+                packed = gzip.compress(text)
+                assert len(packed) < MIB // 10
+                r, w = await connect(port)
+                w.write(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                    b"\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(packed), packed)
+                )
+                assert await status_of(r) == b"200"
+                w.close()
+            # Reserved as it inflated, before the parse's own reservation (the last one).
+            assert seen[0] == 2 * len(packed)
+            assert len(seen) >= 3
+            assert seen[-2] >= 2 * (len(text) - MIB)
+
+    run(scenario(), timeout=180)
