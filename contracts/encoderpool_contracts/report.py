@@ -11,6 +11,13 @@ the same model the same way share one report.
 
 Every number is bounded: a report is read from a ConfigMap that anyone who may
 write ConfigMaps in the namespace can write, so its values are input, not truth.
+
+``version`` changes when a field changes meaning or a field every reader needs is
+added. A field that is only added, with a default for reports that lack it
+(``encode_seconds``), keeps the version: stored reports of earlier releases still
+parse and simply lack it. An earlier reader refuses a report carrying a field it
+does not know (unknown keys are errors), which is one reason the operator and the
+width Job's image come from the same release.
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ MAX_WIDTH = 1 << 16  # an encoder output token's width (and the LM's hidden size
 MAX_BYTES_PER_TOKEN = MAX_WIDTH * max(DTYPE_BYTES.values())
 MAX_TOKENS_PER_ITEM = 1 << 24  # above the longest context vLLM serves
 MAX_MODALITIES = 8  # as spec.model.limitMmPerPrompt and the pool's status
+# One warm encode of one item: an hour is far past any encoder (a long video on a CPU
+# takes minutes), and the bound keeps sizing arithmetic away from absurd numbers.
+MAX_ENCODE_SECONDS = 3600.0
 MODALITY_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 Modality = Annotated[str, Field(pattern=MODALITY_PATTERN)]
 
@@ -65,6 +75,15 @@ class WidthReport(Frozen):
         )
     )
     measured_at: datetime
+    encode_seconds: dict[
+        Modality, Annotated[float, Field(gt=0, le=MAX_ENCODE_SECONDS, allow_inf_nan=False)]
+    ] = Field(
+        default_factory=dict,
+        max_length=MAX_MODALITIES,
+        description="Seconds one warm encode of the modality's dummy item took in the width "
+        "Job, on its CPU or GPU: the largest item the model's processor admits (what vLLM "
+        "profiles with), so an upper bound per item. Empty in reports of earlier releases.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> WidthReport:
@@ -78,6 +97,11 @@ class WidthReport(Frozen):
                     f"bytes_per_token.{modality} is {size}, not encoder_output_widths.{modality} "
                     f"({width}) x {elem} bytes of {self.dtype}"
                 )
+        if unmeasured := sorted(set(self.encode_seconds) - set(self.encoder_output_widths)):
+            raise ValueError(
+                f"encode_seconds has {', '.join(unmeasured)}, which encoder_output_widths "
+                "lacks: only a modality whose item was encoded can have been timed"
+            )
         return self
 
     def to_termination_message(self) -> str:

@@ -3,17 +3,21 @@ announcement keeps its wire form; none of it needs torch or vLLM."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from encoderpool_contracts import (
     ANNOUNCE_KEY,
+    TERMINATION_MESSAGE_LIMIT,
     Announcement,
     ConnectorConfig,
     ModelIdentity,
+    WidthReport,
     announce,
     raw_announcement,
 )
@@ -129,3 +133,56 @@ def test_router_args_are_router_settings_and_parse_back_to_the_same_values() -> 
         "--consumer-service", "c", "--namespace", "ml", "--host", "h",
         "--port", "1", "--metrics-port", "2",
     ]  # fmt: skip
+
+
+def earlier_report() -> dict[str, Any]:
+    """A width report as releases before the encode timing wrote it (version 1)."""
+    return {
+        "version": 1,
+        "fingerprint": OPERATOR.fingerprint(),
+        "identity": OPERATOR.model_dump(mode="json"),
+        "encoder_output_widths": {"image": 3584, "video": 3584},
+        "hidden_size": 3584,
+        "dtype": "bfloat16",
+        "bytes_per_token": {"image": 7168, "video": 7168},
+        "max_tokens_per_item": {"image": 16384, "video": 32768},
+        "measured_at": "2026-11-02T10:00:00Z",
+    }
+
+
+def test_a_width_report_of_an_earlier_release_still_parses_without_encode_times() -> None:
+    text = json.dumps(earlier_report())
+    report = WidthReport.from_termination_message(text)
+    assert report.version == 1
+    assert report.encode_seconds == {}
+    assert WidthReport.from_configmap_data({"report.json": text}) == report
+
+
+def test_encode_times_round_trip_through_the_termination_message_and_configmap() -> None:
+    report = WidthReport.model_validate(
+        {**earlier_report(), "encode_seconds": {"image": 0.078312, "video": 1.5}}
+    )
+    assert report.version == 1  # an added optional field keeps the version
+    text = report.to_termination_message()
+    assert len(text.encode()) <= TERMINATION_MESSAGE_LIMIT
+    assert '"encode_seconds":{"image":0.078312,"video":1.5}' in text
+    again = WidthReport.from_termination_message(text)
+    assert again == report
+    assert again.encode_seconds == {"image": 0.078312, "video": 1.5}
+    assert WidthReport.from_configmap_data(report.to_configmap_data()) == report
+
+
+@pytest.mark.parametrize(
+    "seconds",
+    [0.0, -1.0, float("nan"), float("inf"), 3600.5],
+)
+def test_an_encode_time_out_of_bounds_is_refused(seconds: float) -> None:
+    with pytest.raises(ValidationError) as info:
+        WidthReport.model_validate({**earlier_report(), "encode_seconds": {"image": seconds}})
+    assert "encode_seconds.image" in str(info.value)
+
+
+def test_an_encode_time_only_for_a_measured_modality() -> None:
+    with pytest.raises(ValidationError) as info:
+        WidthReport.model_validate({**earlier_report(), "encode_seconds": {"audio": 0.1}})
+    assert "encode_seconds has audio" in str(info.value)
