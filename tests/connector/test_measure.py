@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from e2e.vllm_server import base_env
+from encoderpool_connector.programs.encode_timing import encode_seconds
 from encoderpool_connector.programs.measure import MeasureError, parse_args, publish
 from encoderpool_contracts import (
+    MAX_ENCODE_SECONDS,
     TERMINATION_MESSAGE_LIMIT,
     ModelIdentity,
     WidthReport,
@@ -51,12 +53,27 @@ def test_measure_writes_the_report_as_a_termination_message(
     assert report.encoder_output_widths["video"] == 128
     assert report.bytes_per_token["video"] == 256
     assert report.max_tokens_per_item["video"] == 448  # vLLM's budget for one video item
+    # One warm encode of each modality's dummy item, timed on this CPU.
+    assert set(report.encode_seconds) == {"image", "video"}
+    assert all(0 < s < 60 for s in report.encode_seconds.values()), report.encode_seconds
     # The Job and the serving pods fingerprint the model the same way.
     assert report.fingerprint == tiny_fingerprint(tiny_model)
     # What the operator stores: compact, within the kubelet's limit, and it round-trips.
     assert text == report.model_dump_json()
     assert len(text.encode()) <= TERMINATION_MESSAGE_LIMIT
     assert WidthReport.from_configmap_data(report.to_configmap_data()) == report
+
+
+def test_encode_times_take_the_slowest_rank_per_measured_modality() -> None:
+    reports = [{"image": 0.0781234567, "video": 1.0}, {"image": 0.08}, {}]
+    # Tensor-parallel ranks encode together: the slowest is the encode's time.
+    assert encode_seconds(reports, ["image", "video"]) == {"image": 0.08, "video": 1.0}
+    # Only what was measured, whole microseconds, at least one, at most the report's bound.
+    assert encode_seconds([{"image": 0.0781234567, "audio": 2.0}], ["image"]) == {"image": 0.078123}
+    assert encode_seconds([{"image": 1e-9}], ["image"]) == {"image": 1e-6}
+    assert encode_seconds([{"image": 1e9}], ["image"]) == {"image": MAX_ENCODE_SECONDS}
+    assert encode_seconds([{"image": float("nan")}], ["image"]) == {}
+    assert encode_seconds([], ["image"]) == {}
 
 
 def test_a_report_too_large_for_a_termination_message_fails_clearly(tmp_path: Path) -> None:

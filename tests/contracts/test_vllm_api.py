@@ -71,6 +71,31 @@ def test_every_member_the_connector_reads_exists() -> None:
     assert problems == [], "\n".join(problems)
 
 
+def test_the_width_job_s_encode_timing_reads_the_runner_as_vllm_s_width_measurement() -> None:
+    """The model runner's class moves between releases (0.34: ``v1/worker/gpu/``), so its
+    members are checked through vLLM's own width measurement, which the timing mirrors:
+    what both read must still be read there."""
+    import inspect
+
+    from vllm.distributed.ec_transfer.ec_connector import encoder_output_width
+
+    from encoderpool_connector.programs import encode_timing
+
+    theirs = inspect.getsource(encoder_output_width._measure_on_worker)
+    ours = inspect.getsource(encode_timing.time_encodes_on_worker)
+    for used in (
+        "worker.model_runner",
+        "runner.supports_mm_inputs",
+        "get_pp_group().is_first_rank",
+        "runner.get_model()",
+        "get_dummy_encoder_profile_inputs(modality, 1)",
+        "device=runner.device, pin_memory=PIN_MEMORY",
+        "model.embed_multimodal(**mm_kwargs)",
+    ):
+        assert used in ours, f"the timing no longer reads {used}: update this list"
+        assert used in theirs, f"vLLM's width measurement no longer reads {used}"
+
+
 @pytest.mark.parametrize(
     ("module", "name"), vllm_api.CONNECTORS, ids=[c[1] for c in vllm_api.CONNECTORS]
 )

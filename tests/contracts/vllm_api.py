@@ -55,7 +55,11 @@ MEMBERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("vllm.config", "ParallelConfig", ("tensor_parallel_size", "pipeline_parallel_size")),
     ("vllm.distributed.parallel_state", "GroupCoordinator",
      ("rank_in_group", "world_size", "cpu_group")),
-    ("vllm.multimodal.encoder_budget", "MultiModalBudget", ("mm_max_toks_per_item",)),
+    ("vllm.multimodal.encoder_budget", "MultiModalBudget",
+     ("mm_max_toks_per_item", "get_dummy_encoder_profile_inputs")),
+    # The width Job's encode timing, on the worker vLLM hands ``collective_rpc``.
+    ("vllm.v1.worker.gpu_worker", "Worker", ("model_runner", "vllm_config")),
+    ("vllm.model_executor.models.interfaces", "SupportsMultiModal", ("embed_multimodal",)),
     # (``current_device`` is torch.cuda's, which the platform object forwards to)
     ("vllm.platforms.interface", "Platform", ("device_type", "is_cuda_alike")),
 )  # fmt: skip

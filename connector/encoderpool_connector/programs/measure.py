@@ -8,14 +8,16 @@
 
 It starts the engine as an EC producer (encoder only, no KV cache), which
 makes vLLM encode a dummy item per modality and record each width, exactly as
-a producer pod does at start-up. It adds the LM hidden size, dtype, bytes per
-token and the most tokens one item can produce, fingerprints the model as
-served, and writes a ``WidthReport`` as compact JSON to ``--output-file``. In
-the Job that file is the container's termination message, which the operator
-reads and stores in the report's ConfigMap: the Job needs no API access. Exit
-codes: 0 ok, 2 bad arguments or model, 3 no multimodal encoder, 4 the report
-cannot be written (larger than the kubelet's 4096-byte termination message, or
-the file is not writable).
+a producer pod does at start-up. It then encodes each dummy item once more and
+times it (``encode_timing``: the warm encode a producer pays per item, on the
+Job's CPU or GPU). It adds the LM hidden size, dtype, bytes per token and the
+most tokens one item can produce, fingerprints the model as served, and writes
+a ``WidthReport`` as compact JSON to ``--output-file``. In the Job that file is
+the container's termination message, which the operator reads and stores in the
+report's ConfigMap: the Job needs no API access. Exit codes: 0 ok, 2 bad
+arguments or model, 3 no multimodal encoder, 4 the report cannot be written
+(larger than the kubelet's 4096-byte termination message, or the file is not
+writable).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from encoderpool_connector.programs.encode_timing import encode_seconds, time_encodes_on_worker
 from encoderpool_contracts import DTYPE_BYTES, ModelIdentity, WidthReport
 from encoderpool_contracts.pod import MEASURE_MODULE
 
@@ -170,6 +173,7 @@ def measure(args: argparse.Namespace) -> WidthReport:
             widths = dict(reports[0]) if reports else {}
         if not widths:
             raise MeasureError(3, f"--model: {args.model} encoded no dummy multimodal item")
+        seconds = timed_encodes(llm, widths)
         budget = MultiModalBudget(vllm_config, MULTIMODAL_REGISTRY, enable_cache=False)
         max_tokens = {m: int(n) for m, n in budget.mm_max_toks_per_item.items() if m in widths}
         identity = identity_from_vllm_config(vllm_config)
@@ -185,7 +189,23 @@ def measure(args: argparse.Namespace) -> WidthReport:
             bytes_per_token={m: int(w) * elem for m, w in widths.items()},
             max_tokens_per_item=max_tokens,
             measured_at=datetime.now(timezone.utc),
+            encode_seconds=seconds,
         )
+
+
+def timed_encodes(llm: Any, widths: dict[str, int]) -> dict[str, float]:
+    """One warm encode per measured modality, timed; {} (and a warning) if it fails.
+
+    The widths are what the pool needs to start; the time only informs sizing, so a
+    failure here leaves it out of the report rather than failing the Job.
+    """
+    try:
+        seconds = encode_seconds(llm.collective_rpc(time_encodes_on_worker), widths)
+    except Exception as e:
+        logger.warning("timing one encode per modality failed, the report has none: %s", e)
+        return {}
+    logger.info("one warm encode per modality took %s s", seconds)
+    return seconds
 
 
 def publish(report: WidthReport, args: argparse.Namespace) -> None:
