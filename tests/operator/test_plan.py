@@ -573,3 +573,35 @@ def test_rollout_progress_is_written_at_most_every_progress_seconds() -> None:
     ready = plan(done, DEFAULTS, NOW + timedelta(seconds=1))
     assert any(isinstance(a, PatchStatus) for a in ready.actions)
     assert plan_condition(ready, "Ready")[0] == "True"
+
+
+def _status_patch(p: Plan) -> dict[str, Any]:
+    (patch,) = [a for a in p.actions if isinstance(a, PatchStatus)]
+    return patch.body
+
+
+def test_the_status_shows_the_measured_encode_times_beside_the_widths() -> None:
+    obj = pool_object()
+    data = json.loads(report_of(obj).model_dump_json())
+    report = WidthReport.model_validate({**data, "encode_seconds": {"image": 0.078312}})
+    p = plan(snapshot(obj, report_cm=report_cm(report)), DEFAULTS, NOW)
+    assert p.status.encode_seconds == {"image": 0.078312}
+    body = _status_patch(p)
+    assert body["encodeSeconds"] == {"image": 0.078312}
+    assert body["encoderOutputWidths"] == {"image": 128}
+
+
+def test_a_report_of_an_earlier_release_shows_no_encode_times() -> None:
+    obj = pool_object()
+    report = report_of(obj)
+    assert report.encode_seconds == {}
+    p = plan(snapshot(obj, report_cm=report_cm(report)), DEFAULTS, NOW)
+    assert p.status.encode_seconds is None
+    body = _status_patch(p)
+    assert "encodeSeconds" not in body
+    assert body["encoderOutputWidths"] == {"image": 128}
+    # A status that had them (an earlier report of this pool) drops them: the patch
+    # nulls the key, as a merge patch cannot remove it by omission.
+    obj["status"] = {"encodeSeconds": {"image": 0.5}, "encoderOutputWidths": {"image": 128}}
+    body = _status_patch(plan(snapshot(obj, report_cm=report_cm(report)), DEFAULTS, NOW))
+    assert body["encodeSeconds"] is None

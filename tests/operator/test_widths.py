@@ -224,3 +224,23 @@ def test_the_width_job_and_its_report_are_named_by_the_report_key() -> None:
     assert apply.obj["metadata"]["name"] == f"tiny-width-{key[:10]}"
     assert apply.obj["metadata"]["labels"]["encoderpool.io/width-report-key"] == key
     assert p.status.width_report_name == f"encoderpool-widths-{key}"
+
+
+@pytest.mark.parametrize(
+    ("encode_seconds", "field"),
+    [
+        ({"image": 0}, "encode_seconds.image"),
+        ({"image": -0.1}, "encode_seconds.image"),
+        ({"image": 1e9}, "encode_seconds.image"),
+        ({"image": "fast"}, "encode_seconds.image"),
+        ({f"m{i}": 1.0 for i in range(9)}, "encode_seconds"),
+        ({"../x": 1.0}, "encode_seconds"),
+        ({"video": 1.0}, "encode_seconds has video"),  # a modality not measured
+    ],
+)
+def test_a_report_s_encode_times_are_bounded(encode_seconds: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        WidthReport.from_configmap_data(
+            {CONFIGMAP_KEY: _report_json(encode_seconds=encode_seconds)}
+        )
+    assert field in str(info.value)

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from encoderpool_contracts import MAX_ENCODE_SECONDS
 from encoderpool_operator.api.schema import ApiModel, Modality, Timestamp
 
 # Condition types (PascalCase adjectives, kstatus-friendly).
@@ -241,6 +242,18 @@ class EncoderPoolStatus(ApiModel):
     )
     hidden_size: int | None = Field(
         default=None, ge=1, le=1 << 20, description="The LM's hidden size, as measured."
+    )
+    encode_seconds: (
+        dict[Modality, Annotated[float, Field(gt=0, le=MAX_ENCODE_SECONDS, allow_inf_nan=False)]]
+        | None
+    ) = Field(
+        default=None,
+        max_length=8,
+        description="Seconds one warm encode of the largest item of each modality took in "
+        "the width Job, on its CPU or GPU (the item vLLM profiles with: the report's "
+        "max_tokens_per_item tokens). For sizing producers: items per second x seconds per "
+        "item / target utilisation. Absent when the report has none (measured by an "
+        "earlier release).",
     )
     producers: ReplicaStatus | None = Field(
         default=None, description="Producer pods (with producer groups: of all groups)."

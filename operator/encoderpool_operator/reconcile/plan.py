@@ -305,6 +305,7 @@ def plan(snap: Snapshot, defaults: Defaults, now: datetime) -> Plan:
             encoder_output_widths=dict(report.encoder_output_widths),
             bytes_per_token=dict(report.bytes_per_token),
             hidden_size=report.hidden_size,
+            encode_seconds=dict(report.encode_seconds) or None,
         )
 
     # An autoscaler withheld for someone else's object goes; one waiting (for its new
