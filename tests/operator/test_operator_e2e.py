@@ -52,6 +52,9 @@ def test_a_pool_measures_its_model_for_real_and_becomes_ready(
     assert status["encoderOutputWidths"] == {"image": 128}  # measured by vLLM, not seeded
     assert status["hiddenSize"] == 128
     assert status["bytesPerToken"] == {"image": 256}  # bf16
+    # One warm encode's seconds, timed by the Job, beside the widths.
+    assert status["encodeSeconds"] == reported.encode_seconds
+    assert status["encodeSeconds"]["image"] > 0
     report = get_json(cluster, "configmap", status["widthReportName"], "-n", namespace)
     assert json.loads(report["data"]["report.json"])["max_tokens_per_item"]["image"] > 0
     assert WidthReport.from_configmap_data(report["data"]) == reported  # what the pod said
