@@ -1,10 +1,11 @@
 """One hostile client of a pool's router, run as a pod in the cluster (standard library
 only: it runs in the operator image with ``python -c``).
 
-For ``seconds`` it holds as many connections to the router's Service as it may open,
-half silent and half with the largest unfinished head allowed (``max_headers`` fields
-of 8190 bytes), and sends large bodies it never finishes, reopening whatever the
-router closes or refuses once a second. Prints one JSON line: what it was answered.
+For a third of ``seconds`` it sends large bodies it never finishes; then it holds as
+many connections to the router's Service as it may open, half silent and half with
+the largest unfinished head allowed (``max_headers`` fields of 8190 bytes). Whatever
+the router closes or refuses is reopened once a second. Prints one JSON line: what it
+was answered.
 
     python -c "$(cat attacker.py)" HOST PORT SECONDS [CONNECTIONS] [MAX_HEADERS]
 """
@@ -68,13 +69,18 @@ async def hold(host: str, port: int, opening: bytes, until: float, seen: Counter
 
 
 async def main(host: str, port: int, seconds: float, connections: int, max_headers: int) -> None:
+    """A third of the time unfinished bodies alone (so each is answered, not refused for
+    want of a connection), then the connection flood: one client either way."""
     seen: Counter[str] = Counter()
-    until = asyncio.get_running_loop().time() + seconds
-    head = worst_head(max_headers)
-    tasks = [hold(host, port, b"" if i % 2 else head, until, seen) for i in range(connections)]
+    loop = asyncio.get_running_loop()
     body = unfinished_body()
-    tasks += [hold(host, port, body, until, seen) for _ in range(BODIES)]
-    await asyncio.gather(*tasks)
+    until = loop.time() + seconds / 3
+    await asyncio.gather(*(hold(host, port, body, until, seen) for _ in range(BODIES)))
+    until = loop.time() + seconds * 2 / 3
+    head = worst_head(max_headers)
+    await asyncio.gather(
+        *(hold(host, port, b"" if i % 2 else head, until, seen) for i in range(connections))
+    )
     print(json.dumps(dict(seen)), flush=True)
 
 
