@@ -54,6 +54,10 @@ def connection_bytes(max_headers: int) -> int:
     return 2 * worst_head_bytes(max_headers) + CONNECTION_EXTRA_BYTES
 
 
+# The probe and metrics listeners' connections, at their worst: counted with the baseline.
+INTERNAL_BYTES = INTERNAL_LIMITS.max_connections * connection_bytes(INTERNAL_LIMITS.max_headers)
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Connection cap and body budget for one memory limit (see the module's docstring)."""
@@ -63,8 +67,7 @@ class MemoryPlan:
     body_per_client_bytes: int
 
     def summary(self, memory_limit: int, max_headers: int) -> str:
-        internal = INTERNAL_LIMITS.max_connections * connection_bytes(INTERNAL_LIMITS.max_headers)
-        worst = BASELINE_BYTES + internal + self.body_bytes
+        worst = BASELINE_BYTES + INTERNAL_BYTES + self.body_bytes
         worst += self.max_connections * connection_bytes(max_headers)
         return (
             f"{self.max_connections} connections, {self.body_bytes // MIB} MiB for bodies "
@@ -83,8 +86,7 @@ def plan(
 ) -> MemoryPlan:
     """The plan for ``memory_limit``: what is given is kept, the rest derived; ValueError
     (naming the flags) when what is given cannot fit the limit or serve the largest body."""
-    internal = INTERNAL_LIMITS.max_connections * connection_bytes(INTERNAL_LIMITS.max_headers)
-    usable = int(memory_limit * HEADROOM) - BASELINE_BYTES - internal
+    usable = int(memory_limit * HEADROOM) - BASELINE_BYTES - INTERNAL_BYTES
     per_connection = connection_bytes(max_headers)
     if usable < 64 * MIB:
         raise ValueError(

@@ -211,27 +211,22 @@ class Relay:
         ``n`` or ``prompt_logprobs`` answer is never held whole)."""
         rid = headers[REQUEST_ID]
         length = resp.content_length
-        if length is not None and length <= ANSWER_BUFFER:  # the common case, read at once
-            try:
-                data = await resp.read()
-            except TimeoutError:
-                raise UpstreamError("consumer_timeout", "read timed out", eject=True) from None
-            except aiohttp.ClientError as e:
-                raise UpstreamError("consumer_error", f"read failed: {e!r}") from None
-            return web.Response(body=data, status=resp.status, headers=headers)
         chunks: list[bytes] = []
         size = 0
-        while size < ANSWER_BUFFER:
-            try:
+        try:
+            if length is not None and length <= ANSWER_BUFFER:  # the common case, at once
+                return web.Response(body=await resp.read(), status=resp.status, headers=headers)
+            while size < ANSWER_BUFFER:
                 chunk = await resp.content.readany()
-            except TimeoutError:
-                raise UpstreamError("consumer_timeout", "read timed out", eject=True) from None
-            except aiohttp.ClientError as e:
-                raise UpstreamError("consumer_error", f"read failed: {e!r}") from None
-            if not chunk:
-                return web.Response(body=b"".join(chunks), status=resp.status, headers=headers)
-            chunks.append(chunk)
-            size += len(chunk)
+                if not chunk:
+                    body = b"".join(chunks)
+                    return web.Response(body=body, status=resp.status, headers=headers)
+                chunks.append(chunk)
+                size += len(chunk)
+        except TimeoutError:
+            raise UpstreamError("consumer_timeout", "read timed out", eject=True) from None
+        except aiohttp.ClientError as e:
+            raise UpstreamError("consumer_error", f"read failed: {e!r}") from None
         out = web.StreamResponse(status=resp.status, headers=headers)
         if resp.content_length is not None:
             out.content_length = resp.content_length
