@@ -47,6 +47,7 @@ from typing import Any
 import yaml
 
 from e2e.cgroup import memory_limited, rss_bytes
+from e2e.kind.attacker import worst_head
 from e2e.processes import exit_on_sigterm, start_group, stop_group
 from e2e.vllm_server import REPO, base_env, free_port
 from encoderpool_contracts.router_args import MEMORY_LIMIT_ENV, PROBE_PORT_ENV
@@ -245,6 +246,18 @@ async def _connection(port: int, source: str) -> tuple[asyncio.StreamReader, asy
     return await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
 
 
+async def _answered(answer: asyncio.Future[Any], stop: asyncio.Event) -> bool:
+    """Wait for ``answer`` or the phase's end, whichever comes first; an answer not come
+    by then is cancelled. Whether it came."""
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({answer, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not answer.done():
+        answer.cancel()
+        return False
+    return True
+
+
 async def _hold(port: int, source: str, opening: bytes, stop: asyncio.Event, tally: Tally) -> None:
     """One connection that sends ``opening`` and nothing more, reopened when closed."""
     while not stop.is_set():
@@ -259,29 +272,14 @@ async def _hold(port: int, source: str, opening: bytes, stop: asyncio.Event, tal
                 w.write(opening[k : k + (64 << 10)])
                 await asyncio.wait_for(w.drain(), 10)
             done = asyncio.ensure_future(r.read(256))
-            stopped = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({done, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
-            if done.done():
+            if await _answered(done, stop):
                 answer = done.result()
                 tally.note("closed" if not answer else answer.split(b"\r\n")[0].decode())
-            else:
-                done.cancel()
         except (OSError, TimeoutError) as e:
             tally.note(f"error:{type(e).__name__}")
         finally:
             w.close()
         await asyncio.sleep(1.0)  # then again: a refused or closed slot is tried once a second
-
-
-def worst_head(max_headers: int) -> bytes:
-    """A request head with ``max_headers`` fields of 8190 bytes (name and value) each,
-    the final empty line never sent."""
-    head = b"POST /v1/chat/completions HTTP/1.1\r\n"
-    for i in range(max_headers):
-        name = b"X-Pad-%03d" % i
-        head += name + b": " + b"v" * (8190 - len(name) - 2) + b"\r\n"
-    return head
 
 
 async def _bodies(port: int, body: bytes, finish: bool, stop: asyncio.Event, tally: Tally) -> None:
@@ -303,13 +301,8 @@ async def _bodies(port: int, body: bytes, finish: bool, stop: asyncio.Event, tal
                     break
                 w.write(data[k : min(end, k + MIB)])
                 await asyncio.wait_for(w.drain(), 30)
-            stopped = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({answer, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
-            if answer.done():
+            if await _answered(answer, stop):
                 tally.note(str(answer.result()) if not answer.exception() else "closed")
-            else:
-                answer.cancel()
         except (OSError, TimeoutError) as e:
             tally.note(f"error:{type(e).__name__}")
         finally:
