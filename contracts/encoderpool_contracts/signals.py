@@ -22,6 +22,9 @@ ENCODER_INFLIGHT_ITEMS = "encoderpool_router_encoder_inflight_items"
 # Each media item's dispatch decision. Labels: group, to ("producer" | "consumer"),
 # reason (see the router's dispatch module).
 DISPATCH_DECISIONS = "encoderpool_router_dispatch_decisions_total"
+# Seconds per media item on a producer group, hop included, as the router measures them
+# (a gauge: what the dispatch decision weighs). Labels: group, modality.
+PRODUCER_ITEM_SECONDS = "encoderpool_router_producer_item_seconds"
 
 # Consumers: vLLM's own scheduler gauges, per engine.
 VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"

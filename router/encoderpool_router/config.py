@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from encoderpool_contracts.report import MAX_ENCODE_SECONDS, MODALITY_PATTERN
 from encoderpool_contracts.router_args import ENV_PREFIX, flag
 from encoderpool_router.budget import MemoryPlan, plan
 from encoderpool_router.listener import ConnectionLimits
@@ -33,6 +34,7 @@ from encoderpool_router.listener import ConnectionLimits
 # Service names are DNS-1035 labels; namespaces DNS-1123 labels (Kubernetes' rules).
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_MODALITY = re.compile(MODALITY_PATTERN)
 
 Seconds = Annotated[float, Field(gt=0, le=86400)]
 UrlList = Annotated[tuple[str, ...], NoDecode]
@@ -129,10 +131,20 @@ class RouterSettings(BaseSettings):
     dispatch: Literal["always", "when-faster"] = Field(
         default="always",
         description="Where a media item is encoded. always: on a producer whenever one of "
-        "its group is ready. when-faster: on a producer only when the group's items in "
-        "flight per ready producer are fewer than the consumers' requests in flight (the "
-        "consumer encoding it would delay them all); an idle consumer encodes it itself "
-        "and no hop is paid.",
+        "its group is ready. when-faster: on a producer only when its expected wait there, "
+        "(the group's items per ready producer + 1) x the producers' measured seconds per "
+        "item, hop included, is shorter than the delay the consumer's own encode would "
+        "cause, --encode-seconds x (1 + the consumer's requests in flight): an idle "
+        "consumer encodes the item itself and no hop is paid (docs/router.md).",
+    )
+    encode_seconds: Annotated[dict[str, float], NoDecode] = Field(
+        default_factory=dict,
+        description="Seconds one warm encode of one item takes, per modality, as JSON, e.g. "
+        '{"image": 0.08}: the width Job\'s measurement (status.encodeSeconds), which the '
+        "operator passes with when-faster. It prices the consumer's own encode and is the "
+        "producers' time per item (plus 20 ms for the hop) until they answer. A modality "
+        "left out is taken to encode as fast as its producers answer: the decision then "
+        "compares queues.",
     )
     consumer_policy: Literal["least-busy", "media-affinity"] = Field(
         default="least-busy",
@@ -281,6 +293,31 @@ class RouterSettings(BaseSettings):
                 return json.loads(v) if v.strip() else {}
             except ValueError as e:
                 raise ValueError(f'not JSON like {{"image": 4}}: {e}') from None
+        return v
+
+    @field_validator("encode_seconds", mode="before")
+    @classmethod
+    def _json_seconds(cls, v: Any) -> Any:
+        """Flags and environment give the times as JSON text."""
+        if isinstance(v, str):
+            try:
+                return json.loads(v) if v.strip() else {}
+            except ValueError as e:
+                raise ValueError(f'not JSON like {{"image": 0.08}}: {e}') from None
+        return v
+
+    @field_validator("encode_seconds")
+    @classmethod
+    def _seconds(cls, v: dict[str, float]) -> dict[str, float]:
+        """Any modality name is taken (a router routes those it knows): the operator may
+        know modalities an older router does not; every time must be a real one."""
+        for modality, seconds in v.items():
+            if not _MODALITY.match(modality):
+                raise ValueError(f"{modality!r} is not a modality name like image")
+            if not 0 < seconds <= MAX_ENCODE_SECONDS:
+                raise ValueError(
+                    f"{modality}: {seconds} s; give seconds above 0, at most {MAX_ENCODE_SECONDS}"
+                )
         return v
 
     @field_validator("producers_by_modality", "producer_services_by_modality", mode="before")

@@ -13,7 +13,9 @@ unserved demand: ``Local.unserved`` keeps it, and ``Encoder.unserved`` counts it
 the consumer accepted the request (``demand.EncoderDemand.unserved``).
 
 ``Encoder.decide`` is where an item's way is chosen; a group's ``Backlog`` (items
-waiting for a producer slot, items in flight on each producer) is what it sees.
+waiting for a producer slot, items in flight on each producer) and the producers'
+seconds per item, measured from the round trips of the items they answer
+(``demand.ProducerTimes``), are what it sees.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -113,6 +116,7 @@ class Encoder:
             sorted(b.group for b in backlogs.values()),
             registry=metrics.registry,
             share=settings.max_items_per_client,
+            encode_seconds=settings.encode_seconds,
         )
         self.backlogs = {m: backlogs[id(s)] for m, s in groups.by_modality.items()}
         self.recent = (
@@ -166,12 +170,14 @@ class Encoder:
             self.demand.unserved(client, items)
             items.clear()
 
-    def decide(self, key: bytes, backlog: Backlog | None, local: Local | None = None) -> Way:
-        """Where one item (``key``: its media key) is encoded, given its group's backlog
-        (None: its modality has no group): on a producer; ``local``, by the consumer;
-        or ``reused``, by nobody, a producer having encoded it moments ago (the consumer
-        finds the entry by hash, or encodes it if it is gone). ``local``: this request's
-        items already left to the consumer. Every decision on a group is counted
+    def decide(
+        self, key: bytes, backlog: Backlog | None, modality: str, local: Local | None = None
+    ) -> Way:
+        """Where one item (``key``: its media key) of ``modality`` is encoded, given its
+        group's backlog (None: its modality has no group): on a producer; ``local``, by the
+        consumer; or ``reused``, by nobody, a producer having encoded it moments ago (the
+        consumer finds the entry by hash, or encodes it if it is gone). ``local``: this
+        request's items already left to the consumer. Every decision on a group is counted
         (``demand.record``); an item that found no producer ready joins
         ``local.unserved``, the group's unserved demand once the consumer accepts the
         request."""
@@ -179,11 +185,14 @@ class Encoder:
             return "local"
         if self.recent is not None and self.recent.fresh(key):
             return "reused"
+        producer_s, encode_s = self.demand.costs(backlog.group, modality)
         dispatch = decide(
             self.settings.dispatch,
             backlog.ready,
             backlog.total(),
             self.consumer_load() + (local.items if local is not None else 0),
+            producer_s,
+            encode_s,
         )
         self.demand.record(backlog.group, dispatch)
         if dispatch.reason == "no_producer":
@@ -196,8 +205,9 @@ class Encoder:
         self, body: ClientBody, part: dict[str, Any], key: bytes, rid: str, local: Local
     ) -> tuple[Encoded, dict[str, Any]]:
         """One item: ("remote", its params) from a producer, else ("local" | "reused", {})."""
-        backlog = self.backlogs.get(modality(part))
-        way = self.decide(key, backlog, local)
+        kind = modality(part)
+        backlog = self.backlogs.get(kind)
+        way = self.decide(key, backlog, kind, local)
         if way == "local":
             local.items += 1
         if way != "producer":
@@ -213,22 +223,34 @@ class Encoder:
             backlog.waiting -= 1
         try:
             with self.demand.track(backlog.group):
-                return await self._on_producer(body, part, key, backlog.producers, rid)
+                return await self._on_producer(body, part, key, backlog, kind, rid)
         finally:
             self._slots.release()
 
     async def _on_producer(
-        self, body: ClientBody, part: dict[str, Any], key: bytes, group: BackendSet, rid: str
+        self,
+        body: ClientBody,
+        part: dict[str, Any],
+        key: bytes,
+        backlog: Backlog,
+        kind: str,
+        rid: str,
     ) -> tuple[Encoded, dict[str, Any]]:
-        producer = choose_producer(key, group.backends, self.settings.producer_load_bound)
+        producers = backlog.producers.backends
+        producer = choose_producer(key, producers, self.settings.producer_load_bound)
         if producer is None:  # every producer of the group ejected
             self.metrics.error("producer_unavailable")
             return "local", {}
         try:
             with self.calls.track(producer):
+                # It waits behind the items already in flight there: its round trip over
+                # their count (itself included) is the producer's time per item. Only an
+                # answer is timed: a failure ejects the producer, or was the item's own.
+                sent, in_flight = time.monotonic(), producer.in_flight
                 params = await self._post(
                     producer, encoder_request_parts(body.data, part, body.literal), rid
                 )
+            self.demand.observe(backlog.group, kind, time.monotonic() - sent, in_flight)
         except UpstreamError as e:
             logger.warning(
                 "request %s: producer %s failed (%s); the consumer encodes the item",

@@ -98,11 +98,11 @@ def test_decide_leaves_items_without_a_group_to_the_consumer_and_reuses_recent_o
             encoder = router.encoder
             images = encoder.backlogs["image"]
             assert "video" not in encoder.backlogs
-            assert encoder.decide(b"k", None) == "local"
-            assert encoder.decide(b"k", images) == "producer"
+            assert encoder.decide(b"k", None, "video") == "local"
+            assert encoder.decide(b"k", images, "image") == "producer"
             assert encoder.recent is not None
             encoder.recent.add(b"k")
-            assert encoder.decide(b"k", images) == "reused"
+            assert encoder.decide(b"k", images, "image") == "reused"
 
     run(scenario())
 

@@ -139,5 +139,10 @@ def test_the_tables_are_bounded() -> None:
         ("when-faster", 4, 7, 2, Dispatch("producer", "consumer_busy")),
     ],
 )
-def test_decide(policy: str, ready: int, backlog: int, load: int, expected: Dispatch) -> None:
-    assert decide(policy, ready, backlog, load) == expected  # type: ignore[arg-type]
+def test_decide_at_equal_times_compares_queues(
+    policy: str, ready: int, backlog: int, load: int, expected: Dispatch
+) -> None:
+    """What the router decides with no --encode-seconds: both sides priced by the same
+    time, queue lengths decide (tests/router/test_dispatch.py has the timed cases)."""
+    decided = decide(policy, ready, backlog, load, 0.1, 0.1)  # type: ignore[arg-type]
+    assert decided == expected
