@@ -9,6 +9,7 @@ name for each (``tests/contracts`` holds the two together): no flag is spelt twi
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +34,10 @@ POOL_UID_ENV = env_name("pool_uid")
 # router's connection cap and body budget are derived from: envs for the same reason.
 PROBE_PORT_ENV = env_name("probe_port")
 MEMORY_LIMIT_ENV = env_name("memory_limit_bytes")
+# The width Job's warm encode time per modality (status.encodeSeconds), which the router's
+# when-faster dispatch weighs: an env too, for the same reason. A JSON map, as
+# ``encode_seconds_value`` writes it and the router's --encode-seconds reads it.
+ENCODE_SECONDS_ENV = env_name("encode_seconds")
 
 
 # The router's longest wait for one producer (past it the consumer encodes the item): the
@@ -56,6 +61,12 @@ def flag_value(value: object) -> str:
     if isinstance(value, dict):
         return json.dumps(value, sort_keys=True)
     return str(value)
+
+
+def encode_seconds_value(seconds: Mapping[str, float]) -> str:
+    """``ENCODE_SECONDS_ENV``'s value: a JSON map, keys sorted and each time to three
+    significant digits (the rest is the measurement's noise)."""
+    return flag_value({m: float(f"{s:.3g}") for m, s in seconds.items()})
 
 
 class RouterArgs(BaseModel):

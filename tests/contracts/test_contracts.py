@@ -135,6 +135,27 @@ def test_router_args_are_router_settings_and_parse_back_to_the_same_values() -> 
     ]  # fmt: skip
 
 
+def test_the_encode_times_env_is_a_router_setting_and_parses_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The width Job's encode times reach the router as the env of its --encode-seconds:
+    one name and one format on both sides, to three significant digits."""
+    from encoderpool_contracts.router_args import (
+        ENCODE_SECONDS_ENV,
+        ENV_PREFIX,
+        encode_seconds_value,
+    )
+    from encoderpool_router.config import RouterSettings, parse_settings
+
+    name = ENCODE_SECONDS_ENV.removeprefix(ENV_PREFIX).lower()
+    assert name in RouterSettings.model_fields
+    value = encode_seconds_value({"video": 1.23456, "image": 0.078312, "audio": 0.0004567})
+    assert value == '{"audio": 0.000457, "image": 0.0783, "video": 1.23}'
+    monkeypatch.setenv(ENCODE_SECONDS_ENV, value)
+    got = parse_settings(["--consumers", "http://127.0.0.1:1"]).encode_seconds
+    assert got == {"audio": 0.000457, "image": 0.0783, "video": 1.23}
+
+
 def earlier_report() -> dict[str, Any]:
     """A width report as releases before the encode timing wrote it (version 1)."""
     return {

@@ -591,6 +591,50 @@ def test_the_status_shows_the_measured_encode_times_beside_the_widths() -> None:
     assert body["encoderOutputWidths"] == {"image": 128}
 
 
+def _router_container(p: Plan) -> dict[str, Any]:
+    (deployment,) = [
+        a.obj
+        for a in p.actions
+        if isinstance(a, Apply) and a.describe() == "Deployment/tiny-router"
+    ]
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(c)
+
+
+def _router_env(p: Plan) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in _router_container(p)["env"]}
+
+
+@pytest.mark.parametrize("dispatch", ["WhenFaster", "Always"])
+def test_when_faster_routers_get_the_encode_times_the_status_shows(
+    dispatch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """status.encodeSeconds and what the router prices the consumer's encode by are one
+    measurement: the router parses what the operator renders (to three digits)."""
+    from encoderpool_contracts.router_args import ENCODE_SECONDS_ENV
+    from encoderpool_router.config import parse_settings
+
+    obj = pool_object()
+    obj["spec"]["router"] = {**obj["spec"].get("router", {}), "dispatch": dispatch}
+    data = json.loads(report_of(obj).model_dump_json())
+    report = WidthReport.model_validate({**data, "encode_seconds": {"image": 0.078312}})
+    p = plan(snapshot(obj, report_cm=report_cm(report)), DEFAULTS, NOW)
+    assert _status_patch(p)["encodeSeconds"] == {"image": 0.078312}
+    env = _router_env(p)
+    if dispatch == "Always":  # nothing weighs it: not rendered, no router rolls
+        assert ENCODE_SECONDS_ENV not in env
+        return
+    assert env[ENCODE_SECONDS_ENV] == '{"image": 0.0783}'
+    monkeypatch.setenv(ENCODE_SECONDS_ENV, env[ENCODE_SECONDS_ENV])
+    settings = parse_settings(_router_container(p)["args"])
+    assert settings.dispatch == "when-faster"
+    assert settings.encode_seconds == {"image": 0.0783}
+    # A report without times (an earlier release's): nothing rendered, the router then
+    # compares queues.
+    p = plan(snapshot(obj, report_cm=report_cm(report_of(obj))), DEFAULTS, NOW)
+    assert ENCODE_SECONDS_ENV not in _router_env(p)
+
+
 def test_a_report_of_an_earlier_release_shows_no_encode_times() -> None:
     obj = pool_object()
     report = report_of(obj)

@@ -100,7 +100,7 @@ def workload_objects(
         *([claim] if claim is not None else []),
         *vllm_services(pool),
         *vllm_deployments(pool, config, observed.deployments),
-        *router_objects(pool, defaults.router_image),
+        *router_objects(pool, defaults.router_image, report.encode_seconds),
         *network_policies(pool),
         *autoscaler_objects(
             pool, defaults.autoscaling_engine, defaults.prometheus_address, observed.withheld

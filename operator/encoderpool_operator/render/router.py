@@ -5,15 +5,18 @@ router parses)."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from encoderpool_contracts.pod import HTTP_PORT, ROUTER_METRICS_PORT, ROUTER_PROBE_PORT
 from encoderpool_contracts.router_args import (
     BACKEND_API_KEY_ENV,
+    ENCODE_SECONDS_ENV,
     MEMORY_LIMIT_ENV,
     POOL_UID_ENV,
     PROBE_PORT_ENV,
     RouterArgs,
+    encode_seconds_value,
 )
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.naming import (
@@ -74,9 +77,13 @@ def router_refs(pool: EncoderPool) -> list[tuple[str, str, str]]:
     ]
 
 
-def router_objects(pool: EncoderPool, image: str) -> list[dict[str, Any]]:
+def router_objects(
+    pool: EncoderPool, image: str, encode_seconds: Mapping[str, float] | None = None
+) -> list[dict[str, Any]]:
     """Router Deployment, its Service (the pool's endpoint) and least-privilege RBAC;
-    ``image`` unless spec.router.image names another."""
+    ``image`` unless spec.router.image names another. ``encode_seconds``: the width
+    report's warm encode time per modality (status.encodeSeconds), which WhenFaster
+    weighs."""
     router = pool.spec.router
     if not router.enabled:
         return []
@@ -100,6 +107,7 @@ def router_objects(pool: EncoderPool, image: str) -> list[dict[str, Any]]:
                     "resourceFieldRef": {"containerName": "router", "resource": "limits.memory"}
                 },
             },
+            *router_timing_env(pool, encode_seconds),
         ],
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
@@ -214,6 +222,18 @@ def router_args(pool: EncoderPool) -> RouterArgs:
             f"{CLIENT_TOKENS_DIR}/{CLIENT_TOKENS_FILE}" if router.auth is not None else None
         ),
     )
+
+
+def router_timing_env(
+    pool: EncoderPool, encode_seconds: Mapping[str, float] | None
+) -> list[dict[str, str]]:
+    """What WhenFaster prices the consumer's own encode by, and starts the producers' time
+    per item from: the width Job's measured encode times. Only with WhenFaster (Always
+    weighs nothing, and a new env would roll every router), and as an env, so that a
+    router older than it ignores it (it then compares queue lengths)."""
+    if pool.spec.router.dispatch != "WhenFaster" or not encode_seconds:
+        return []
+    return [{"name": ENCODE_SECONDS_ENV, "value": encode_seconds_value(encode_seconds)}]
 
 
 def _role_binding(pool: EncoderPool, name: str, component: str) -> dict[str, Any]:
