@@ -11,6 +11,13 @@ together and measured in turns on every workload:
   connector; the router as deployed for it (``--reuse-encoded-s``).
 - ``pool-rdma``: the same with our NIXL transport (UCX over tcp/sm here); every
   item goes to a producer (the consumer needs its params).
+- ``pool-<transport>-whenFaster`` (``--dispatch always,when-faster``): the same pool,
+  servers and store of its own, its router with ``--dispatch when-faster`` and
+  ``--encode-seconds`` as the operator renders it (``--encode-seconds`` here; default:
+  the arm's producer's median warm round trip for a new image, timed before its router
+  starts, where the operator passes the width Job's encode time). Printed side by side
+  with the ``always`` arm of its transport; ``--mono-replicas ''`` leaves the monolithic
+  arms out when only the dispatch policies are compared.
 - ``mono-RxK``: R monolithic replicas of K devices each (prefix caching and
   their own encoder caches on, as vLLM defaults) behind the router with
   ``--consumer-policy media-affinity`` (``--consumer-policy`` here): the same
@@ -41,7 +48,8 @@ per workload, and on an idle system the encode time of one image, a request's
 TTFT with and without its image cached, and a decode step.
 
 Last line: ``RESULT ttft_p50_ratio=<zipf> tpot_p99_ratio=<mixed, decode streams>
-throughput_ratio=<multi4>``, pool (``--headline`` transport) / best monolithic layout.
+throughput_ratio=<multi4>``, pool (``--headline`` transport) / best monolithic layout;
+with no monolithic arm, ``DISPATCH`` lines instead: when-faster / always per workload.
 """
 
 from __future__ import annotations
@@ -332,6 +340,20 @@ def ratios(
     return out
 
 
+def pair_ratios(
+    results: dict[str, dict[str, Summary]], arm: str, base: str
+) -> dict[str, dict[str, float]]:
+    """``arm`` / ``base`` (two pool arms, e.g. when-faster / always), per workload and metric."""
+    out: dict[str, dict[str, float]] = {}
+    for wl, per_arm in results.items():
+        mine, theirs = per_arm[arm], per_arm[base]
+        out[wl] = {}
+        for m in METRICS:
+            b = getattr(theirs, m)
+            out[wl][m] = getattr(mine, m) / b if b else float("nan")
+    return out
+
+
 def result_line(r: dict[str, dict[str, float]], prefix: str = "RESULT") -> str:
     return (
         f"{prefix} ttft_p50_ratio={r['zipf']['ttft_p50']:.2f} "
@@ -464,6 +486,8 @@ class Arm:
     router_args: list[str]
     policy: list[str] = field(default_factory=list)  # consumer-policy flags, in router_args too
     router: Any = None  # RouterProcess, once started
+    dispatch: str = "always"  # the pool's --dispatch
+    encode_s: float = 0.0  # when-faster: --encode-seconds for images (0: timed at start)
 
     @property
     def url(self) -> str:
@@ -641,11 +665,13 @@ def build_arms(args: argparse.Namespace, model: Path, work: Path) -> list[Arm]:
     )
     arms: list[Arm] = []
     width = args.encoder_width or encoder_width(model)
-    specs = connector_configs(model, work / "ec", width, args.store_bytes, args.rdma_bytes)
-    (work / "ec").mkdir(exist_ok=True)
-    for transport in args.transports:
+    for transport, dispatch in itertools.product(args.transports, args.dispatch):
+        name = pool_arm(transport, dispatch)
+        # A store of its own: an arm must not find the entries another arm's producer wrote.
+        store = work / "ec" / name
+        store.mkdir(parents=True, exist_ok=True)
+        specs = connector_configs(model, store, width, args.store_bytes, args.rdma_bytes)
         cls, module, extra_cfg, env = specs[transport]
-        name = f"pool-{transport}"
         p_ec = ec_transfer_config(cls, "ec_producer", extra_cfg, module)
         c_ec = ec_transfer_config(cls, "ec_consumer", extra_cfg, module)
         producer = server(
@@ -657,7 +683,10 @@ def build_arms(args: argparse.Namespace, model: Path, work: Path) -> list[Arm]:
         flags = ["--producers", producer.url, "--consumers", consumer.url]
         if transport == "sharedVolume":
             flags += ["--reuse-encoded-s", "600"]
-        arms.append(Arm(name, {"producer": producer, "consumer": consumer}, flags))
+        if dispatch != "always":
+            flags += ["--dispatch", dispatch]
+        servers = {"producer": producer, "consumer": consumer}
+        arms.append(Arm(name, servers, flags, dispatch=dispatch, encode_s=args.encode_seconds))
     for r, groups in placement.mono.items():
         k = len(groups[0])
         name = f"mono-{r}x{k}"
@@ -670,6 +699,12 @@ def build_arms(args: argparse.Namespace, model: Path, work: Path) -> list[Arm]:
     return arms
 
 
+def pool_arm(transport: str, dispatch: str) -> str:
+    """``pool-sharedVolume`` (always, the deployed default), ``pool-sharedVolume-whenFaster``."""
+    name = f"pool-{transport}"
+    return name if dispatch == "always" else f"{name}-whenFaster"
+
+
 def describe_placement(arms: Sequence[Arm]) -> list[str]:
     lines = []
     for arm in arms:
@@ -678,12 +713,14 @@ def describe_placement(arms: Sequence[Arm]) -> list[str]:
             where = s.cpus or s.env.get("CUDA_VISIBLE_DEVICES", "?")
             parts.append(f"{comp} on {'cores' if s.cpus else 'GPUs'} {where}")
         policy = f"; router {' '.join(arm.policy)}" if arm.policy else ""
+        if arm.dispatch != "always":
+            policy += f"; router --dispatch {arm.dispatch}"
         lines.append(f"  {arm.name}: {'; '.join(parts)}; router and client unpinned{policy}")
     return lines
 
 
 @contextlib.contextmanager
-def started(arms: Sequence[Arm], work: Path, timeout: float) -> Iterator[None]:
+def started(arms: Sequence[Arm], work: Path, timeout: float, image_size: int) -> Iterator[None]:
     """Start every server at once (they load in parallel), then each arm's router; stop all."""
     from tests.router.fixtures import RouterProcess
 
@@ -694,6 +731,10 @@ def started(arms: Sequence[Arm], work: Path, timeout: float) -> Iterator[None]:
         for s in servers:
             s.wait_ready(timeout)
         for a in arms:
+            if a.dispatch == "when-faster":
+                if not a.encode_s:
+                    a.encode_s = producer_encode_s(a.servers["producer"].url, image_size)
+                a.router_args += ["--encode-seconds", json.dumps({"image": a.encode_s})]
             router_log = work / f"router-{a.name}.log"
             a.router = RouterProcess([*a.router_args, "--log-level", "INFO"], router_log)
             a.router.start()
@@ -715,6 +756,17 @@ def post_time(url: str, body: dict[str, Any]) -> float:
     t = time.perf_counter()
     post_json(url + "/v1/chat/completions", body)
     return time.perf_counter() - t
+
+
+def producer_encode_s(url: str, image_size: int) -> float:
+    """What the operator would pass as ``--encode-seconds``, on this bench: the median of
+    three warm round trips of a new image to an idle producer (after one to warm it),
+    an upper bound of the width Job's encode time by the hop on loopback."""
+    times = []
+    for i in range(4):
+        png = image(BASE["calib"] + 70 + i, (image_size, image_size))
+        times.append(post_time(url, encoder_request(image_part(png))))
+    return round(statistics.median(times[1:]), 4)
 
 
 async def calibrate(arms: Sequence[Arm], image_size: int, max_tokens: int) -> dict[str, float]:
@@ -814,15 +866,22 @@ def print_tables(
     print("(latencies in ms; mixed: TTFT of the heavy requests, TPOT/ITL of the decode streams)")
 
 
-def print_ratios(name: str, r: dict[str, dict[str, float]]) -> None:
-    print(f"ratios {name} / best monolithic layout (<1 better for latency, >1 for req/s):")
+def print_ratios(name: str, r: dict[str, dict[str, float]], base: str = "") -> None:
+    against = base or "best monolithic layout"
+    print(f"ratios {name} / {against} (<1 better for latency, >1 for req/s):")
     print(f"{'workload':>8} " + " ".join(f"{m:>9}" for m in METRICS))
     for wl, row in r.items():
         print(f"{wl:>8} " + " ".join(f"{row[m]:9.2f}" for m in METRICS))
 
 
-def plot(path: Path, by_pool: dict[str, dict[str, dict[str, float]]], title: str) -> None:
-    """Grouped bars of pool / monolithic per workload and metric (Pillow: no extra packages)."""
+def plot(
+    path: Path,
+    by_pool: dict[str, dict[str, dict[str, float]]],
+    title: str,
+    what: str = "pool/mono",
+) -> None:
+    """Grouped bars of pool / monolithic (``what``) per workload and metric (Pillow: no
+    extra packages)."""
     from PIL import Image, ImageDraw
 
     wls = list(next(iter(by_pool.values())))
@@ -865,7 +924,7 @@ def plot(path: Path, by_pool: dict[str, dict[str, dict[str, float]]], title: str
     for mi, m in enumerate(METRICS):
         lx = left + mi * 150
         d.rectangle([lx, ly, lx + 12, ly + 12], fill=colors[mi])
-        d.text((lx + 16, ly), m + (" (pool/mono)" if mi == 0 else ""), fill="black")
+        d.text((lx + 16, ly), m + (f" ({what})" if mi == 0 else ""), fill="black")
     legend = ", ".join(f"{p}: {'full' if i == 0 else 'light'} shade" for i, p in enumerate(pools))
     d.text((left, ly + 22), legend + "; black line: 1.0 (parity)", fill="black")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -895,9 +954,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--producer-devices", type=int, default=1, help="the pool producer's share")
     ap.add_argument(
         "--mono-replicas",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=lambda s: [int(x) for x in s.split(",") if x.strip()],
         default=[2, 1],
-        help="monolithic layouts: replica counts, each splitting --devices evenly",
+        help="monolithic layouts: replica counts, each splitting --devices evenly; '': none "
+        "(only the pool arms, e.g. to compare --dispatch policies)",
     )
     ap.add_argument(
         "--transports",
@@ -906,6 +966,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="pool arms (sharedVolume, rdma)",
     )
     ap.add_argument("--headline", default="sharedVolume", help="the pool arm of the RESULT line")
+    ap.add_argument(
+        "--dispatch",
+        type=lambda s: s.split(","),
+        default=["always"],
+        help="the pool routers' --dispatch: one arm per transport and policy "
+        "(always, when-faster), measured side by side",
+    )
+    ap.add_argument(
+        "--encode-seconds",
+        type=float,
+        default=0.0,
+        help="when-faster arms: the routers' --encode-seconds for images; 0: each arm's "
+        "producer's warm round trip for a new image, timed before its router starts",
+    )
     ap.add_argument(
         "--consumer-policy",
         choices=["media-affinity", "least-busy"],
@@ -937,6 +1011,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     bad = set(args.transports) - {"sharedVolume", "rdma"}
     if bad:
         ap.error(f"--transports: unknown {sorted(bad)}; use sharedVolume and/or rdma")
+    bad = set(args.dispatch) - {"always", "when-faster"}
+    if bad or len(set(args.dispatch)) != len(args.dispatch):
+        ap.error(f"--dispatch {','.join(args.dispatch)}: give always and/or when-faster, once")
+    if "always" not in args.dispatch:
+        ap.error("--dispatch: include always (the headline and the side-by-side baseline)")
+    if args.encode_seconds < 0:
+        ap.error(f"--encode-seconds {args.encode_seconds}: give 0 (timed) or more")
     if args.consumer_load_bound < 0:
         ap.error(f"--consumer-load-bound {args.consumer_load_bound}: give 0 (automatic) or more")
     if f"pool-{args.headline}" not in {f"pool-{t}" for t in args.transports}:
@@ -1013,7 +1094,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"model: {args.model}; images {args.image_size}px; logs: {work}")
     print("placement:", *describe_placement(arms), sep="\n")
     print(f"sizes: {asdict(sizes)}", flush=True)
-    with started(arms, work, args.start_timeout):
+    with started(arms, work, args.start_timeout, args.image_size):
         print(f"started in {time.perf_counter() - t_start:.0f} s", flush=True)
         asyncio.run(warm(arms, args.image_size))
         calib = asyncio.run(calibrate(arms, args.image_size, sizes.max_tokens))
@@ -1044,15 +1125,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         print(f"{wl:>8}: {row}; distinct={distinct[wl]}")
     monos = [a.name for a in arms if a.name.startswith("mono")]
-    pools = [a.name for a in arms if a.name.startswith("pool")]
-    by_pool = {p: ratios(results, p, monos) for p in pools}
+    pools = [a.name for a in arms if a.name.startswith("pool") and a.dispatch == "always"]
+    by_pool = {p: ratios(results, p, monos) for p in pools} if monos else {}
     for arm, r in by_pool.items():
         print_ratios(arm, r)
     baselines = {
         wl: {m: best_baseline({a: per_arm[a] for a in monos}, m)[0] for m in METRICS}
         for wl, per_arm in results.items()
     }
-    print(f"best monolithic layout per figure: {json.dumps(baselines)}")
+    if monos:
+        print(f"best monolithic layout per figure: {json.dumps(baselines)}")
+    # when-faster against always, per transport: the same pool, the same requests
+    by_dispatch = {
+        a.name: pair_ratios(results, a.name, pool_arm(t, "always"))
+        for a in arms
+        for t in args.transports
+        if a.name == pool_arm(t, "when-faster")
+    }
+    for arm, r in by_dispatch.items():
+        print_ratios(arm, r, arm.removesuffix("-whenFaster"))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
@@ -1062,20 +1153,30 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "args": {k: str(v) for k, v in vars(args).items()},
                     "sizes": asdict(sizes),
                     "calibration": calib,
+                    "encode_seconds": {a.name: a.encode_s for a in arms if a.encode_s},
                     "results": {
                         w: {a: asdict(s) for a, s in r.items()} for w, r in results.items()
                     },
                     "cpu_busy_percent": cpu,
                     "encodes": encodes,
                     "ratios": by_pool,
-                    "baselines": baselines,
+                    "dispatch_ratios": by_dispatch,
+                    "baselines": baselines if monos else {},
                 },
                 indent=1,
             )
         )
-    if args.plot:
+    if args.plot and by_pool:
         plot(args.plot, by_pool, f"EPD pool / best monolithic layout, {args.device}, equal devices")
+    elif args.plot and by_dispatch:
+        title = f"EPD pool, --dispatch when-faster / always, {args.device}"
+        plot(args.plot, by_dispatch, title, "when-faster/always")
     print(f"total {time.perf_counter() - t_start:.0f} s")
+    for arm, r in by_dispatch.items():
+        transport = arm.removeprefix("pool-").removesuffix("-whenFaster").upper()
+        print(result_line(r, f"DISPATCH_{transport}"))
+    if not by_pool:
+        return
     headline = f"pool-{args.headline}"
     for arm in pools:
         if arm != headline:

@@ -23,6 +23,7 @@ from benchmarks.epd_serving import (
     capacity_bound,
     consumer_policy_flags,
     describe_placement,
+    pair_ratios,
     parse_args,
     percentile,
     place,
@@ -289,3 +290,58 @@ def test_placement_lines_name_each_arms_cores_and_consumer_policy(tmp_path: Path
     )
     (mono,) = [a for a in arms if a.name == "mono-2x1"]
     assert mono.router_args[-len(mono.policy) :] == mono.policy
+
+
+def test_dispatch_arms_are_the_same_pool_with_a_store_of_their_own(tmp_path: Path) -> None:
+    only_pools = ["--transports", "sharedVolume", "--mono-replicas", ""]
+    args = parse_args(["--encoder-width", "64", *only_pools, "--dispatch", "always,when-faster"])
+    arms = {a.name: a for a in build_arms(args, tmp_path / "model", tmp_path)}
+    assert list(arms) == ["pool-sharedVolume", "pool-sharedVolume-whenFaster"]
+    always, faster = arms["pool-sharedVolume"], arms["pool-sharedVolume-whenFaster"]
+    assert "--dispatch" not in always.router_args
+    assert faster.router_args[-2:] == ["--dispatch", "when-faster"]
+    assert (always.dispatch, faster.dispatch) == ("always", "when-faster")
+    assert faster.encode_s == 0.0  # timed on its producer before its router starts
+    # the same cores, each its own servers and store (no arm finds another's entries)
+    stores = set()
+    for arm in (always, faster):
+        assert [s.cpus for s in arm.servers.values()] == ["0", "1"]
+        config = json.loads(flag_after(arm.servers["producer"].extra, "--ec-transfer-config"))
+        stores.add(config["ec_connector_extra_config"]["shared_volume"]["root"])
+    assert stores == {
+        str(tmp_path / "ec" / "pool-sharedVolume"),
+        str(tmp_path / "ec" / "pool-sharedVolume-whenFaster"),
+    }
+    line = describe_placement([faster])[0]
+    assert line.endswith("router --dispatch when-faster")
+    given = parse_args(["--dispatch", "always,when-faster", "--encode-seconds", "0.2"])
+    assert given.encode_seconds == 0.2
+
+
+@pytest.mark.parametrize("bad", ["when-faster", "always,sometimes", "always,always"])
+def test_dispatch_flag_errors(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--dispatch", bad])
+    assert "--dispatch" in capsys.readouterr().err
+
+
+def test_when_faster_is_compared_with_always_of_the_same_transport() -> None:
+    def s(ttft: float, rps: float) -> Summary:
+        return Summary(4, ttft, ttft * 2, 0.01, 0.02, 0.03, rps)
+
+    results = {
+        wl: {"pool-sharedVolume": s(0.4, 2.0), "pool-sharedVolume-whenFaster": s(0.2, 3.0)}
+        for wl in ("unique", "zipf", "multi4", "mixed")
+    }
+    r = pair_ratios(results, "pool-sharedVolume-whenFaster", "pool-sharedVolume")
+    assert r["zipf"]["ttft_p50"] == pytest.approx(0.5)
+    assert r["multi4"]["rps"] == pytest.approx(1.5)
+    assert r["mixed"]["tpot_p99"] == pytest.approx(1.0)
+    assert result_line(r, "DISPATCH_SHAREDVOLUME") == (
+        "DISPATCH_SHAREDVOLUME ttft_p50_ratio=0.50 tpot_p99_ratio=1.00 throughput_ratio=1.50"
+    )
+
+
+def flag_after(args: object, name: str) -> str:
+    values = list(args)  # type: ignore[call-overload]
+    return str(values[values.index(name) + 1])
