@@ -74,6 +74,7 @@ from typing import Any
 
 from e2e.media import chat_request, encoder_request, image, image_part
 from e2e.vllm_server import VllmServer, base_env, ec_transfer_config, free_port
+from encoderpool_contracts.signals import PRODUCER_ITEM_SECONDS
 from encoderpool_router.policy import CONSUMER_CHOICES
 
 # --- workloads (pure: no engines) ----------------------------------------------------------
@@ -1064,6 +1065,11 @@ async def measure(arms: Sequence[Arm], wls: Sequence[Workload], image_size: int)
                 keys = routed1 if "producer" in arm.servers else CONSUMER_CHOICES
                 moved = {k: round(routed1[k] - routed0[k]) for k in keys}
                 encodes[wl.name][arm.name].update({f"router {k}": v for k, v in moved.items() if v})
+            if arm.dispatch == "when-faster":  # what its router measured a producer item at
+                seconds = arm.router.metric(
+                    PRODUCER_ITEM_SECONDS, group="producer", modality="image"
+                )
+                encodes[wl.name][arm.name]["router item_ms"] = round(seconds * 1e3)
             print(f"  {wl.name} on {arm.name}: {len(records)} requests in {wall:.1f} s", flush=True)
         # stable order
         results[wl.name] = {a.name: results[wl.name][a.name] for a in arms}
@@ -1096,6 +1102,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"sizes: {asdict(sizes)}", flush=True)
     with started(arms, work, args.start_timeout, args.image_size):
         print(f"started in {time.perf_counter() - t_start:.0f} s", flush=True)
+        for a in arms:
+            if a.dispatch == "when-faster":
+                print(f"  {a.name}: --encode-seconds image={a.encode_s:.4f}", flush=True)
         asyncio.run(warm(arms, args.image_size))
         calib = asyncio.run(calibrate(arms, args.image_size, sizes.max_tokens))
         results, cpu, encodes = asyncio.run(measure(arms, wls, args.image_size))
@@ -1132,6 +1141,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     baselines = {
         wl: {m: best_baseline({a: per_arm[a] for a in monos}, m)[0] for m in METRICS}
         for wl, per_arm in results.items()
+        if monos
     }
     if monos:
         print(f"best monolithic layout per figure: {json.dumps(baselines)}")
@@ -1161,7 +1171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "encodes": encodes,
                     "ratios": by_pool,
                     "dispatch_ratios": by_dispatch,
-                    "baselines": baselines if monos else {},
+                    "baselines": baselines,
                 },
                 indent=1,
             )
