@@ -27,8 +27,8 @@ from encoderpool_router.discovery import EndpointSliceWatcher, follow
 from encoderpool_router.encode import Encoder
 from encoderpool_router.listener import quiet_bad_requests
 from encoderpool_router.metrics import RouterMetrics
-from encoderpool_router.pipeline import CHAT, COMPLETIONS, MODELS, Pipeline
-from encoderpool_router.protocol import PROBE_PATHS, error_response, request_id
+from encoderpool_router.pipeline import ENDPOINTS, Endpoint, Pipeline
+from encoderpool_router.protocol import INVALID, PROBE_PATHS, error_response, request_id
 from encoderpool_router.relay import Relay
 from encoderpool_router.shares import Shares
 from encoderpool_router.upstream import Upstream
@@ -126,14 +126,33 @@ class Router:
         response.headers["WWW-Authenticate"] = 'Bearer realm="encoderpool"'
         return response
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self.pipeline.handle(request, CHAT)
+    def serve(self, endpoint: Endpoint) -> Any:
+        """The handler of one endpoint: the request walked by the pipeline."""
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.pipeline.handle(request, COMPLETIONS)
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await self.pipeline.handle(request, endpoint)
 
-    async def models(self, request: web.Request) -> web.StreamResponse:
-        return await self.pipeline.handle(request, MODELS)
+        return handler
+
+    async def not_served(self, request: web.Request) -> web.Response:
+        """Any other path or method: a 404 (405: a served path, another method) whose
+        body lists what the pool serves, so a client sees at once what is missing here
+        rather than a bare error from an upstream it cannot see."""
+        served = [f"{method} {e.path}" for e, method in ENDPOINTS.items()]
+        methods = {m for e, m in ENDPOINTS.items() if e.path == request.path}
+        status = 405 if methods else 404
+        self.metrics.request("other", str(status))
+        rid = request_id(request)
+        what = "method" if methods else "path"
+        message = (
+            f"{request.method} {request.path[:200]}: this {what} is not served by the pool; "
+            f"it serves {', '.join(served)}"
+        )
+        kind = INVALID if methods else "not_found_error"
+        response = error_response(status, message, kind, rid)
+        if methods:
+            response.headers["Allow"] = ", ".join(sorted(methods))
+        return response
 
     async def health(self, request: web.Request) -> web.Response:
         """Ready when a consumer is known: producers are an optimisation, consumers are not."""
@@ -166,11 +185,11 @@ def build_app(router: Router) -> web.Application:
         middlewares=[router.authenticate] if router.tokens is not None else [],
     )
     app.cleanup_ctx.append(router.lifespan)
-    app.router.add_post(CHAT.path, router.chat)
-    app.router.add_post(COMPLETIONS.path, router.completions)
-    app.router.add_get(MODELS.path, router.models)
+    for endpoint, method in ENDPOINTS.items():
+        app.router.add_route(method, endpoint.path, router.serve(endpoint))
     app.router.add_get("/health", router.health)
     app.router.add_get("/livez", router.live)
+    app.router.add_route("*", "/{path:.*}", router.not_served)  # last: what nothing else took
     return app
 
 

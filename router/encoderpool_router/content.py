@@ -140,7 +140,7 @@ def read_media(body: dict[str, Any], trust_ids: bool) -> ReadItems:
             where = f"messages[{m}].content[{p}]"
             if not isinstance(part, dict):
                 raise PartRefused(f"{where} must be a string or an object")
-            canonical = _read_part(part, where, trust_ids)
+            canonical = read_part(part, where, trust_ids)
             if canonical is None:
                 continue
             if canonical is not part:
@@ -171,9 +171,10 @@ def _kind(part: dict[str, Any], where: str) -> str:
     raise PartRefused(f"{where} has an unsupported type {type_[:64]!r}")
 
 
-def _read_part(part: dict[str, Any], where: str, trust_ids: bool) -> dict[str, Any] | None:
+def read_part(part: dict[str, Any], where: str, trust_ids: bool) -> dict[str, Any] | None:
     """The canonical form of a media part (``part`` itself when already canonical);
-    None for a text part."""
+    None for a text part. The other APIs' readers (``responses``, ``anthropic``) read
+    what becomes a chat part with it, so all follow one set of rules."""
     kind = _kind(part, where)
     media_keys = _MEDIA_KEYS.intersection(part)
     if kind in TEXT_TYPES:

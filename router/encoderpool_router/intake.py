@@ -9,6 +9,7 @@ or 503).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from aiohttp.web import RequestPayloadError
 from encoderpool_router.body import ClientBody, NotAnObject, parse
 from encoderpool_router.budget import BODY_COPIES, Lease
 from encoderpool_router.config import RouterSettings
-from encoderpool_router.content import PartRefused, read_media
+from encoderpool_router.content import PartRefused, ReadItems
 from encoderpool_router.media import (
     media_key,
     media_url,
@@ -27,6 +28,11 @@ from encoderpool_router.media import (
     url_problem,
 )
 from encoderpool_router.protocol import INVALID, TOO_DEEP, Refused, invalid
+from encoderpool_router.responses import Unsupported
+
+# An API's reader of media items (``content.read_media`` for chat): the body and whether
+# client uuids are kept; ``PartRefused`` or ``responses.Unsupported`` for a refusal.
+Reader = Callable[[dict[str, Any], bool], ReadItems]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,22 +120,24 @@ async def _read(request: web.Request, limit: int, timeout_s: float, lease: Lease
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def classify(body: ClientBody, chat: bool, settings: RouterSettings) -> Media:
-    """The request's media items, every content part read as vLLM reads it (``chat``;
-    other endpoints carry none), media parts rewritten in ``body`` to their canonical
-    form; refused when a part cannot be read, the media kwargs are not trusted, or the
-    items are too many."""
+def classify(body: ClientBody, reader: Reader | None, settings: RouterSettings) -> Media:
+    """The request's media items, every content part read as vLLM reads it (``reader``:
+    the endpoint's; None, it carries none), media parts rewritten in ``body`` to their
+    canonical form; refused when a part cannot be read, the media kwargs are not
+    trusted, or the items are too many."""
     model = body.data.get("model")
     if model is not None and not isinstance(model, str):  # as vLLM's request models
         raise invalid("'model' must be a string")
     if refused := mm_kwargs_problem(body.data, settings.trust_request_mm_kwargs):
         raise invalid(refused)
     parts: list[dict[str, Any]] = []
-    if chat:
+    if reader is not None:
         try:
-            read = read_media(body.data, settings.trust_client_media_ids)
+            read = reader(body.data, settings.trust_client_media_ids)
         except PartRefused as e:
             raise invalid(str(e)) from None
+        except Unsupported as e:  # vLLM's own answer, status and field
+            raise Refused(e.status, str(e), INVALID, "bad_request", param=e.param) from None
         if read.changed:
             body.changed()
         parts = read.parts

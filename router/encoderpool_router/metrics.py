@@ -9,11 +9,34 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from encoderpool_router.discovery import IGNORED_REASONS
 from encoderpool_router.policy import CONSUMER_CHOICES
-from encoderpool_router.protocol import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
+from encoderpool_router.protocol import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    COUNT_TOKENS_PATH,
+    DETOKENIZE_PATH,
+    MESSAGES_PATH,
+    MODELS_PATH,
+    RESPONSES_PATH,
+    TOKENIZE_PATH,
+    VERSION_PATH,
+)
 
 # The 5xx codes the router answers with itself (its own fault, no consumer, a consumer's
 # fault passed on), pre-created per endpoint with 200.
 OUTAGE_CODES = ("200", "500", "502", "503")
+# The ``endpoint`` label's values: each path served, and ``other`` for every request to a
+# path the router does not serve (its 404s; never the path itself, which a client picks).
+ENDPOINT_LABELS = (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    MODELS_PATH,
+    RESPONSES_PATH,
+    MESSAGES_PATH,
+    COUNT_TOKENS_PATH,
+    TOKENIZE_PATH,
+    DETOKENIZE_PATH,
+    VERSION_PATH,
+)
 
 # Every error kind the router counts; pre-created so dashboards see zeros, not gaps.
 ERROR_KINDS = (
@@ -127,9 +150,10 @@ class RouterMetrics:
         # burst of 503s (no consumer) would never reach the 5xx alert.
         self._requests: dict[tuple[str, str], Any] = {
             (path, code): self.requests.labels(path, code)
-            for path in (CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH)
+            for path in ENDPOINT_LABELS
             for code in OUTAGE_CODES
         }
+        self._requests[("other", "404")] = self.requests.labels("other", "404")
 
     def slice_ignored(self, reason: str) -> None:
         """Count an EndpointSlice (or Service) the watchers would not use (any thread)."""

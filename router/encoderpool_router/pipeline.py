@@ -22,37 +22,75 @@ from typing import Any
 
 from aiohttp import web
 
+from encoderpool_router.anthropic import read_blocks_media
 from encoderpool_router.budget import BodyBudget, Lease
 from encoderpool_router.config import RouterSettings
+from encoderpool_router.content import ReadItems, read_media
 from encoderpool_router.encode import Encoder
-from encoderpool_router.intake import check_media_urls, classify, read_body
+from encoderpool_router.intake import Reader, check_media_urls, classify, read_body
 from encoderpool_router.metrics import RouterMetrics
 from encoderpool_router.protocol import (
     CHAT_PATH,
     COMPLETIONS_PATH,
+    COUNT_TOKENS_PATH,
+    DETOKENIZE_PATH,
+    MESSAGES_PATH,
     MODELS_PATH,
+    RESPONSES_PATH,
+    TOKENIZE_PATH,
+    VERSION_PATH,
     Refused,
     request_id,
 )
 from encoderpool_router.relay import ClientGone, Relay
+from encoderpool_router.responses import read_input_media, unsupported
 from encoderpool_router.shares import Shares, client_of
 
 logger = logging.getLogger(__name__)
 
 
+def _read_responses(body: dict[str, Any], trust_ids: bool) -> ReadItems:
+    if refused := unsupported(body):
+        raise refused
+    return read_input_media(body, trust_ids)
+
+
 @dataclass(frozen=True)
 class Endpoint:
-    """An OpenAI endpoint the router serves: ``body``, a POST with a JSON body;
-    ``media``, its content parts may hold media items."""
+    """An endpoint the router serves: ``body``, a POST with a JSON body; ``reader``, how
+    its media items are read (None: it carries none); ``encode``, its items go to
+    producers (counting tokens reads media without running the encoder: the items are
+    only checked); ``anthropic``, the router's own errors in Anthropic's shape."""
 
     path: str
     body: bool
-    media: bool
+    reader: Reader | None = None
+    encode: bool = False
+    anthropic: bool = False
 
 
-CHAT = Endpoint(CHAT_PATH, body=True, media=True)
-COMPLETIONS = Endpoint(COMPLETIONS_PATH, body=True, media=False)  # prompts hold no media
-MODELS = Endpoint(MODELS_PATH, body=False, media=False)
+CHAT = Endpoint(CHAT_PATH, body=True, reader=read_media, encode=True)
+COMPLETIONS = Endpoint(COMPLETIONS_PATH, body=True)  # prompts hold no media
+MODELS = Endpoint(MODELS_PATH, body=False)
+RESPONSES = Endpoint(RESPONSES_PATH, body=True, reader=_read_responses, encode=True)
+MESSAGES = Endpoint(MESSAGES_PATH, body=True, reader=read_blocks_media, encode=True, anthropic=True)
+COUNT_TOKENS = Endpoint(COUNT_TOKENS_PATH, body=True, reader=read_blocks_media, anthropic=True)
+# /tokenize takes a completion prompt or chat messages (their images count as tokens).
+TOKENIZE = Endpoint(TOKENIZE_PATH, body=True, reader=read_media)
+DETOKENIZE = Endpoint(DETOKENIZE_PATH, body=True)
+VERSION = Endpoint(VERSION_PATH, body=False)
+# Every endpoint the router serves, with its method: what a 404 lists.
+ENDPOINTS = {
+    CHAT: "POST",
+    COMPLETIONS: "POST",
+    MODELS: "GET",
+    RESPONSES: "POST",
+    MESSAGES: "POST",
+    COUNT_TOKENS: "POST",
+    TOKENIZE: "POST",
+    DETOKENIZE: "POST",
+    VERSION: "GET",
+}
 
 
 class Pipeline:
@@ -89,7 +127,7 @@ class Pipeline:
         except Refused as refused:
             self.metrics.error(refused.counted)
             code = str(refused.status)
-            return refused.response(rid)
+            return refused.response(rid, endpoint.anthropic)
         except ClientGone as gone:
             code = "499"  # nginx's "client closed request"
             self.metrics.error("client_disconnect")
@@ -114,11 +152,11 @@ class Pipeline:
         if not endpoint.body:
             return await self.relay.forward(request, endpoint.path, None, {}, None, rid)
         body = await read_body(request, self.settings, lease)  # 408, 413, 400, 429, 503
-        media = classify(body, endpoint.media, self.settings)  # 400
+        media = classify(body, endpoint.reader, self.settings)  # 400 (404: a stored response)
         await check_media_urls(media, self.settings)  # 400
         params: dict[str, Any] = {}
         unserved: list[tuple[str, bytes]] = []
-        if media.parts:
+        if media.parts and endpoint.encode:
             with self.shares.items(client, media.distinct):  # 429
                 params, unserved = await self.encoder.encode(body, media, rid)
 

@@ -28,13 +28,34 @@ from encoderpool_router.config import RouterSettings
 from encoderpool_router.metrics import RouterMetrics
 from encoderpool_router.parts import payload
 from encoderpool_router.policy import ConsumerChoice, choose_consumer, choose_consumer_by_media
-from encoderpool_router.protocol import INVALID, REQUEST_ID, TOO_DEEP, error_response
+from encoderpool_router.protocol import (
+    INVALID,
+    MESSAGES_PATH,
+    REQUEST_ID,
+    RESPONSES_PATH,
+    TOO_DEEP,
+    error_response,
+)
 from encoderpool_router.upstream import JSON, Upstream, UpstreamError
 
 logger = logging.getLogger(__name__)
 # A JSON answer is read whole up to this size (so a failed read can be retried), then
 # passed through: the router never holds more of one answer.
 ANSWER_BUFFER = 256 << 10
+_BROKE = "the consumer's stream broke"
+# How a stream that broke after its headers ends, in each API's own events (chat's and
+# completions': an error chunk and [DONE]).
+_BROKEN_EVENTS = {
+    RESPONSES_PATH: "event: error\ndata: "
+    + json.dumps({"type": "error", "code": "502", "message": _BROKE, "param": None})
+    + "\n\n",
+    MESSAGES_PATH: "event: error\ndata: "
+    + json.dumps({"type": "error", "error": {"type": "api_error", "message": _BROKE}})
+    + "\n\n",
+}
+_BROKEN_DEFAULT = (
+    f"data: {json.dumps({'error': {'message': _BROKE, 'code': 502}})}\n\ndata: [DONE]\n\n"
+)
 
 
 class ClientGone(Exception):
@@ -148,7 +169,7 @@ class Relay:
                 if resp.status >= 500 and not last_try:
                     text = await resp.text(errors="replace")
                     raise UpstreamError("consumer_error", f"HTTP {resp.status}: {text[:200]}")
-                return await self._answer(request, resp, rid)
+                return await self._answer(request, resp, rid, path)
             finally:
                 resp.close()  # a no-op once fully read; otherwise vLLM sees the disconnect
 
@@ -174,7 +195,7 @@ class Relay:
             raise UpstreamError("consumer_error", f"unreachable: {e}", eject=True) from None
 
     async def _answer(
-        self, request: web.Request, resp: aiohttp.ClientResponse, rid: str
+        self, request: web.Request, resp: aiohttp.ClientResponse, rid: str, path: str
     ) -> web.StreamResponse:
         """The consumer's answer as it comes: JSON whole up to ``ANSWER_BUFFER`` and
         passed through beyond it, SSE chunk by chunk."""
@@ -193,9 +214,7 @@ class Relay:
             except (TimeoutError, aiohttp.ClientError) as e:
                 # Headers are sent: too late to retry. End the stream with an error event.
                 self._broken(rid, e)
-                event = {"error": {"message": "the consumer's stream broke", "code": 502}}
-                chunk = f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()
-                await _write(out, chunk)
+                await _write(out, _BROKEN_EVENTS.get(path, _BROKEN_DEFAULT).encode())
                 break
             if not chunk:
                 break

@@ -122,6 +122,13 @@ class FakeBackend:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        # The other APIs a consumer serves answer as chat does: the tests look at what
+        # the router sent and relayed, not at the answer's shape.
+        for path in ("/v1/responses", "/v1/messages", "/v1/messages/count_tokens"):
+            app.router.add_post(path, self._chat)
+        app.router.add_post("/tokenize", self._chat)
+        app.router.add_post("/detokenize", self._chat)
+        app.router.add_get("/version", self._models)
         return app
 
     async def _models(self, request: web.Request) -> web.Response:
