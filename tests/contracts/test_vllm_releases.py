@@ -7,7 +7,8 @@ already), which runs every test written against "the vLLM importable here":
 - the operator's rendered `vllm serve` and width Job command lines read by the release's
   own parser (tests/operator/test_vllm_serve_parser.py),
 - the router's content-part agreement with the release's chat parser
-  (tests/router/test_content_vllm.py),
+  (tests/router/test_content_vllm.py), and its reading of Responses input items and
+  Anthropic content blocks (tests/router/test_apis_vllm.py),
 - the connector's unit suite (tests/connector without real engines, clusters or kind).
 
 What cannot run here: a release's engine (its compiled ops are CUDA builds), so nothing
@@ -36,6 +37,7 @@ CONTRACT_MODULES = (
     "tests/contracts/test_vllm_api.py",
     "tests/operator/test_vllm_serve_parser.py",
     "tests/router/test_content_vllm.py",
+    "tests/router/test_apis_vllm.py",
 )
 UNIT_SUITES = ("tests/connector",)
 UNIT_MARKERS = "not vllm and not kind and not cluster and not alone"
