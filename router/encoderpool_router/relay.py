@@ -29,6 +29,7 @@ from encoderpool_router.metrics import RouterMetrics
 from encoderpool_router.parts import payload
 from encoderpool_router.policy import ConsumerChoice, choose_consumer, choose_consumer_by_media
 from encoderpool_router.protocol import (
+    COUNT_TOKENS_PATH,
     INVALID,
     MESSAGES_PATH,
     REQUEST_ID,
@@ -53,6 +54,8 @@ _BROKEN_EVENTS = {
     + json.dumps({"type": "error", "error": {"type": "api_error", "message": _BROKE}})
     + "\n\n",
 }
+# Paths whose clients read Anthropic's error shape (the router's own 400, 502, 503).
+_ANTHROPIC = frozenset({MESSAGES_PATH, COUNT_TOKENS_PATH})
 _BROKEN_DEFAULT = (
     f"data: {json.dumps({'error': {'message': _BROKE, 'code': 502}})}\n\ndata: [DONE]\n\n"
 )
@@ -107,7 +110,7 @@ class Relay:
             data = body.upstream_parts(params) if body is not None else None
         except RecursionError:  # parsed, but too deep to write again from this stack
             self.metrics.error("bad_request")
-            return error_response(400, TOO_DEEP, INVALID, rid)
+            return error_response(400, TOO_DEEP, INVALID, rid, anthropic=path in _ANTHROPIC)
         tried: list[Backend] = []
         attempts = 1 + self.settings.consumer_retries
         last = ""
@@ -115,7 +118,10 @@ class Relay:
             consumer = self.choose(affinity, tried)
             if consumer is None:
                 self.metrics.error("consumer_unavailable")
-                return error_response(503, "no consumer is available", "service_unavailable", rid)
+                message = "no consumer is available"
+                return error_response(
+                    503, message, "service_unavailable", rid, anthropic=path in _ANTHROPIC
+                )
             if attempt:
                 self.metrics.consumer_retries.inc()
                 if body is not None and params:  # a retry goes without params
@@ -132,7 +138,7 @@ class Relay:
         # The body names no pod address nor upstream text (the log has both, by request id).
         logger.warning("request %s: no consumer answered; last: %s", rid, last)
         message = f"no consumer answered (request id {rid})"
-        return error_response(502, message, "upstream_error", rid)
+        return error_response(502, message, "upstream_error", rid, anthropic=path in _ANTHROPIC)
 
     def choose(self, affinity: bytes | None, tried: list[Backend]) -> Backend | None:
         """The consumer for this attempt, by ``--consumer-policy``; counted by how."""

@@ -217,3 +217,17 @@ def test_other_paths_are_a_404_naming_what_the_pool_serves() -> None:
         assert sample(router, "encoderpool_router_requests_total", **labels) == 2
 
     run(scenario())
+
+
+def test_no_consumer_on_the_messages_path_is_a_503_in_anthropic_s_shape() -> None:
+    async def scenario() -> None:
+        async with router_at([], ["http://127.0.0.1:9"]) as (router, url):
+            router.consumers.replace([])
+            status, out, _ = await post(url + "/v1/messages", anthropic_body({}) | {"messages": []})
+        assert status == 503
+        assert out == {
+            "type": "error",
+            "error": {"type": "service_unavailable", "message": "no consumer is available"},
+        }
+
+    run(scenario())
