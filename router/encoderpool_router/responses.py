@@ -9,8 +9,9 @@ spelling of what it read (``{"type": "input_image", "image_url": url}``, its ``d
 kept):
 consumers see only what the router checked. What it cannot read with certainty is a
 400 naming the field (``input[2].content[0]``): an item type it does not know, another
-API's media spelling, and images in an assistant message (vLLM keeps or drops those by
-their position). ``tests/router/test_apis_vllm.py`` proves the agreement.
+API's media spelling, and images in an assistant message (vLLM reads or drops those by
+position, differently from one release to the next). ``tests/router/test_apis_vllm.py``
+proves the agreement.
 
 Stored responses and background mode are refused as vLLM refuses them with its store
 off (its default): a pool's consumers keep no shared store, so a
@@ -80,8 +81,8 @@ def read_input_media(body: dict[str, Any], trust_ids: bool) -> ReadItems:
             parts, name = item.get("content"), "content"
             if item["role"] == "assistant" and _holds_media(parts):
                 raise PartRefused(
-                    f"{where}: an assistant message holding images is not accepted "
-                    "(vLLM keeps or drops them by position); send images in user input"
+                    f"{where}: an assistant message holding images is not accepted (vLLM "
+                    "reads or drops them by position and release); send them in user input"
                 )
         elif type_ in OUTPUT_ITEMS:
             parts, name = item.get("output"), "output"
