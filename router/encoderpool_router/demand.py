@@ -95,9 +95,9 @@ def decide(
 
 
 # A producer's seconds per item: the weight of each new observation in the running mean
-# (about the last ten items count), and how fast a mean no item refreshes fades back to
-# its prior (half of the way every minute): when-faster stops sending to a group that
-# looked slow, so only time can tell it the group recovered.
+# (the last ten items carry nine tenths of it), and how fast a mean no item refreshes
+# fades back to its prior (half of the way every minute): when-faster stops sending to a
+# group that looked slow, so only time can tell it the group recovered.
 ITEM_WEIGHT = 0.2
 FADE_HALF_LIFE_S = 60.0
 # The hop to a producer and back before any is measured (two HTTP messages over the pod

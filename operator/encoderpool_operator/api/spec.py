@@ -1110,10 +1110,16 @@ class RouterSpec(ApiModel):
     dispatch: Literal["Always", "WhenFaster"] = Field(
         default="Always",
         description="Where the router has a media item encoded. Always: on a producer "
-        "whenever one of its group is ready. WhenFaster: on a producer only when the "
-        "group's items in flight per ready producer are fewer than the consumers' requests "
-        "in flight (encoding on the consumer would delay each of them); an idle consumer "
-        "encodes the item itself and no hop is paid. Either way, an item whose producers "
+        "whenever one of its group is ready. WhenFaster: on a producer only when its "
+        "expected wait there, (the group's items per ready producer + 1) x the producers' "
+        "seconds per item as the router measures them (hop included; before the first "
+        "answer, status.encodeSeconds + 20 ms), is shorter than the delay the consumer's "
+        "own encode causes, status.encodeSeconds x (1 + the consumer's requests in flight); "
+        "an idle consumer encodes the item itself and no hop is paid. Always is the "
+        "default: measured side by side on 2 CPU cores (docs/benchmarks-epd.md, "
+        "2026-12-07), WhenFaster left most images of image-heavy traffic to consumers busy "
+        "decoding, whose time per output token (p99) got 3-9x worse, without a consistent "
+        "gain in time to first token or throughput. Either way, an item whose producers "
         "are all down or scaled to zero is encoded by the consumer.",
     )
     auth: RouterAuth | None = Field(
