@@ -22,7 +22,7 @@ help:
 	@echo "make demo-local - the same without Docker: local control plane, pods as local processes"
 	@echo "make test       - everything: lint, types, unit tests, real vLLM, real control plane, kind"
 	@echo "make lint       - ruff, ruff format, mypy, import rules (the gate of make test)"
-	@echo "make crds       - regenerate crds/ and the chart's generated files from the pydantic models"
+	@echo "make crds       - regenerate crds/, the chart's generated files and docs/api.md's tables from the pydantic models"
 
 venv:
 	@tools/venv.sh >/dev/null
@@ -35,7 +35,8 @@ lint: venv
 
 crds: venv
 	@V=$$(tools/venv.sh); $$V/bin/python -m encoderpool_codegen.crd crds/ && \
-	  $$V/bin/python -m encoderpool_codegen.chart charts/encoderpool-operator
+	  $$V/bin/python -m encoderpool_codegen.chart charts/encoderpool-operator && \
+	  $$V/bin/python -m encoderpool_codegen.apidoc docs/api.md
 
 # Everything the tests build or download, network and CPU work side by side (cached).
 prepare:
