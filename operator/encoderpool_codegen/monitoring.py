@@ -4,7 +4,9 @@ query and every alert's expression on a real Prometheus after traffic.
 
 Queries select a pool by the labels the scrape configuration gives its series
 (``namespace``, ``pool``, ``component``; docs/autoscaling.md), so the dashboard works on
-any Prometheus that scrapes the pools that way.
+any Prometheus that scrapes the pools that way. Every metric name comes from the contracts
+(``metrics``, ``signals``), where the components that register them take it too;
+tests/monitoring/test_metric_names.py fails on a name no component registers.
 """
 
 from __future__ import annotations
@@ -13,6 +15,28 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from encoderpool_contracts.metrics import (
+    EC_EVICTED_BYTES,
+    EC_HITS,
+    EC_LOAD_SECONDS,
+    EC_LOADS,
+    EC_MISSES,
+    EC_PUBLISH_BYTES,
+    EC_REJECTED,
+    EC_VOLUME_AVAILABLE_BYTES,
+    EC_VOLUME_FILES,
+    EC_VOLUME_FILES_AVAILABLE,
+    EC_VOLUME_SIZE_BYTES,
+    OPERATOR_POOL_CONDITION,
+    OPERATOR_POOL_ENCODER_WIDTH,
+    OPERATOR_POOL_REPLICAS,
+    ROUTER_BACKENDS,
+    ROUTER_CONSUMER_LATENCY,
+    ROUTER_ERRORS,
+    ROUTER_MEDIA_ITEMS,
+    ROUTER_REQUESTS,
+    VLLM_INTER_TOKEN_LATENCY,
+)
 from encoderpool_contracts.signals import (
     DISPATCH_DECISIONS,
     ENCODER_INFLIGHT_SECONDS,
@@ -42,7 +66,7 @@ class Panel:
 
 
 def _ec_rate(counter: str) -> str:
-    return f"sum(rate(encoderpool_ec_{counter}_total{{{POOL}}}{RATE}))"
+    return f"sum(rate({counter}{{{POOL}}}{RATE}))"
 
 
 def _quantile(q: float, metric: str, extra: str = "") -> str:
@@ -53,32 +77,32 @@ def _quantile(q: float, metric: str, extra: str = "") -> str:
 PANELS: tuple[Panel, ...] = (
     Panel(
         "Requests by route and status",
-        f"sum by (endpoint, code) (rate(encoderpool_router_requests_total{{{POOL}}}{RATE}))",
+        f"sum by (endpoint, code) (rate({ROUTER_REQUESTS}{{{POOL}}}{RATE}))",
         "reqps",
         "{{endpoint}} {{code}}",
     ),
     Panel(
         "Router errors by kind",
-        f"sum by (kind) (rate(encoderpool_router_errors_total{{{POOL}}}{RATE}))",
+        f"sum by (kind) (rate({ROUTER_ERRORS}{{{POOL}}}{RATE}))",
         "ops",
         "{{kind}}",
     ),
     Panel(
         "Time to first byte (p50, p95)",
-        _quantile(0.95, "encoderpool_router_consumer_latency_seconds", ',phase="first_byte"'),
+        _quantile(0.95, ROUTER_CONSUMER_LATENCY, ',phase="first_byte"'),
         "s",
         "p95",
         "From the router's request to the consumer's first byte: TTFT as clients see it.",
     ),
     Panel(
         "Time per output token (p95)",
-        _quantile(0.95, "vllm:inter_token_latency_seconds", ',component="consumer"'),
+        _quantile(0.95, VLLM_INTER_TOKEN_LATENCY, ',component="consumer"'),
         "s",
         "p95",
     ),
     Panel(
         "Media items by where they were encoded",
-        f"sum by (encoded) (rate(encoderpool_router_media_items_total{{{POOL}}}{RATE}))",
+        f"sum by (encoded) (rate({ROUTER_MEDIA_ITEMS}{{{POOL}}}{RATE}))",
         "ops",
         "{{encoded}}",
         "remote: a producer; local: the consumer; reused: encoded moments ago.",
@@ -105,57 +129,54 @@ PANELS: tuple[Panel, ...] = (
     ),
     Panel(
         "Encoder cache: hits, misses, rejected",
-        _ec_rate("hits"),
+        _ec_rate(EC_HITS),
         "ops",
         "hits",
-        more=((_ec_rate("misses"), "misses"), (_ec_rate("rejected"), "rejected")),
+        more=((_ec_rate(EC_MISSES), "misses"), (_ec_rate(EC_REJECTED), "rejected")),
     ),
     Panel(
         "Encoder cache: bytes published and evicted",
-        _ec_rate("publish_bytes"),
+        _ec_rate(EC_PUBLISH_BYTES),
         "Bps",
         "published",
-        more=((_ec_rate("evicted_bytes"), "evicted"),),
+        more=((_ec_rate(EC_EVICTED_BYTES), "evicted"),),
     ),
     Panel(
         "Connector: load and write time per item",
-        f"sum(rate(encoderpool_ec_load_seconds_total{{{POOL}}}{RATE})) / "
-        f"sum(rate(encoderpool_ec_loads_total{{{POOL}}}{RATE}))",
+        f"{_ec_rate(EC_LOAD_SECONDS)} / {_ec_rate(EC_LOADS)}",
         "s",
         "load",
     ),
     Panel(
         "Cache volume: space and files left",
-        f"min(encoderpool_ec_volume_available_bytes{{{POOL}}}) / "
-        f"min(encoderpool_ec_volume_size_bytes{{{POOL}}})",
+        f"min({EC_VOLUME_AVAILABLE_BYTES}{{{POOL}}}) / min({EC_VOLUME_SIZE_BYTES}{{{POOL}}})",
         "percentunit",
         "space",
         "Shared volume only: what the pods can still write. Full, every save fails.",
         more=(
             (
-                f"min(encoderpool_ec_volume_files_available{{{POOL}}}) / "
-                f"min(encoderpool_ec_volume_files{{{POOL}}})",
+                f"min({EC_VOLUME_FILES_AVAILABLE}{{{POOL}}}) / min({EC_VOLUME_FILES}{{{POOL}}})",
                 "files",
             ),
         ),
     ),
     Panel(
         "Replicas per role: desired and ready",
-        f"max by (role, state) (encoderpool_operator_pool_replicas{{{POOL}}})",
+        f"max by (role, state) ({OPERATOR_POOL_REPLICAS}{{{POOL}}})",
         "short",
         "{{role}} {{state}}",
         "From the pool's status (the operator): desired is the spec's or its autoscaler's.",
     ),
     Panel(
         "Encoder output width (measured)",
-        f"max by (modality) (encoderpool_operator_pool_encoder_width{{{POOL}}})",
+        f"max by (modality) ({OPERATOR_POOL_ENCODER_WIDTH}{{{POOL}}})",
         "short",
         "{{modality}}",
         "What the width Job measured; a change of model re-measures.",
     ),
     Panel(
         "Pods per role (ready backends the router sees)",
-        f"sum by (role) (encoderpool_router_backends{{{POOL}}})",
+        f"sum by (role) ({ROUTER_BACKENDS}{{{POOL}}})",
         "short",
         "{{role}}",
     ),
@@ -192,7 +213,7 @@ def _ratio(num: str, den: str) -> str:
 BY_POOL = "sum by (namespace, pool)"
 # The operator's condition gauge, one series per pool and condition (only the active
 # replica reports pools; ``max`` also folds a standby's empty scrape away).
-_CONDITION = "max by (namespace, pool) (encoderpool_operator_pool_condition{{{}}})"
+_CONDITION = "max by (namespace, pool) (" + OPERATOR_POOL_CONDITION + "{{{}}})"
 _WIDTH_REASONS = "WidthJobFailed|WidthReportInvalid"
 
 
@@ -203,7 +224,7 @@ def _volume_left(left: str, total: str) -> str:
 ALERTS: tuple[Alert, ...] = (
     Alert(
         "EncoderPoolNoConsumerReady",
-        f'{BY_POOL} (encoderpool_router_backends{{role="consumer"}}) == 0',
+        f'{BY_POOL} ({ROUTER_BACKENDS}{{role="consumer"}}) == 0',
         "2m",
         "critical",
         "Pool {{ $labels.namespace }}/{{ $labels.pool }}: the router sees no ready consumer; "
@@ -212,9 +233,8 @@ ALERTS: tuple[Alert, ...] = (
     Alert(
         "EncoderPoolProducersFailing",
         _ratio(
-            f'{BY_POOL} (rate(encoderpool_router_errors_total{{kind=~"producer_(error|timeout)"}}'
-            f"{RATE}))",
-            f"{BY_POOL} (rate(encoderpool_router_media_items_total{RATE}))",
+            f'{BY_POOL} (rate({ROUTER_ERRORS}{{kind=~"producer_(error|timeout)"}}{RATE}))',
+            f"{BY_POOL} (rate({ROUTER_MEDIA_ITEMS}{RATE}))",
         )
         + " > 0.2",
         "5m",
@@ -238,7 +258,7 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         "EncoderPoolCacheEvicting",
-        f"{BY_POOL} (rate(encoderpool_ec_evicted_bytes_total{RATE})) > 0",
+        f"{BY_POOL} (rate({EC_EVICTED_BYTES}{RATE})) > 0",
         "30m",
         "info",
         "Pool {{ $labels.namespace }}/{{ $labels.pool }}: the encoder cache has been full "
@@ -266,9 +286,9 @@ ALERTS: tuple[Alert, ...] = (
     Alert(
         "EncoderPoolCacheVolumeNearlyFull",
         "("
-        + _volume_left("encoderpool_ec_volume_available_bytes", "encoderpool_ec_volume_size_bytes")
+        + _volume_left(EC_VOLUME_AVAILABLE_BYTES, EC_VOLUME_SIZE_BYTES)
         + " < 0.1) or ("
-        + _volume_left("encoderpool_ec_volume_files_available", "encoderpool_ec_volume_files")
+        + _volume_left(EC_VOLUME_FILES_AVAILABLE, EC_VOLUME_FILES)
         + " < 0.1)",
         "5m",
         "warning",
@@ -279,8 +299,8 @@ ALERTS: tuple[Alert, ...] = (
     Alert(
         "EncoderPoolRouter5xx",
         _ratio(
-            f'{BY_POOL} (rate(encoderpool_router_requests_total{{code=~"5.."}}{RATE}))',
-            f"{BY_POOL} (rate(encoderpool_router_requests_total{RATE}))",
+            f'{BY_POOL} (rate({ROUTER_REQUESTS}{{code=~"5.."}}{RATE}))',
+            f"{BY_POOL} (rate({ROUTER_REQUESTS}{RATE}))",
         )
         + " > 0.05",
         "5m",
@@ -303,15 +323,14 @@ def dashboard() -> dict[str, Any]:
             "name": "namespace",
             "type": "query",
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
-            "query": "label_values(encoderpool_router_requests_total, namespace)",
+            "query": f"label_values({ROUTER_REQUESTS}, namespace)",
             "refresh": 2,
         },
         {
             "name": "pool",
             "type": "query",
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
-            "query": "label_values(encoderpool_router_requests_total"
-            '{namespace="$namespace"}, pool)',
+            "query": f'label_values({ROUTER_REQUESTS}{{namespace="$namespace"}}, pool)',
             "refresh": 2,
         },
     ]

@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from encoderpool_contracts.metrics import family
 from encoderpool_contracts.signals import (
     DISPATCH_DECISIONS,
     ENCODER_INFLIGHT_ITEMS,
@@ -367,13 +368,13 @@ class EncoderDemand(Collector):
             labels=[LABEL_GROUP],
         )
         seconds = CounterMetricFamily(
-            ENCODER_INFLIGHT_SECONDS.removesuffix("_total"),
+            family(ENCODER_INFLIGHT_SECONDS),
             "Time integral of media items in flight to each producer group: its rate is "
             "the mean number in flight (encoder seconds per second asked of the group).",
             labels=[LABEL_GROUP],
         )
         unserved = CounterMetricFamily(
-            ENCODER_UNSERVED_ITEMS.removesuffix("_total"),
+            family(ENCODER_UNSERVED_ITEMS),
             "Media items that found no producer of their group ready (the consumer encoded "
             "them), counted once a consumer accepted their request, each item once per "
             "window and one client's at most its share: demand that wakes a group scaled "
@@ -381,7 +382,7 @@ class EncoderDemand(Collector):
             labels=[LABEL_GROUP],
         )
         decisions = CounterMetricFamily(
-            DISPATCH_DECISIONS.removesuffix("_total"),
+            family(DISPATCH_DECISIONS),
             "Where each media item was sent to be encoded, and why.",
             labels=[LABEL_GROUP, "to", "reason"],
         )

@@ -7,6 +7,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from encoderpool_contracts.metrics import (
+    ROUTER_BACKENDS,
+    ROUTER_CONSUMER_LATENCY,
+    ROUTER_ERRORS,
+    ROUTER_MEDIA_ITEMS,
+    ROUTER_REQUESTS,
+    family,
+)
 from encoderpool_router.discovery import IGNORED_REASONS
 from encoderpool_router.policy import CONSUMER_CHOICES
 from encoderpool_router.protocol import (
@@ -72,13 +80,13 @@ class RouterMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "encoderpool_router_requests",
+            family(ROUTER_REQUESTS),
             "Client requests by endpoint and HTTP status returned.",
             ["endpoint", "code"],
             registry=r,
         )
         self.items = Counter(
-            "encoderpool_router_media_items",
+            family(ROUTER_MEDIA_ITEMS),
             "Media items by where they were encoded: remote (a producer), local (the "
             "consumer), reused (a producer encoded it moments ago; not sent again), duplicate "
             "(the same item again in one request; encoded once).",
@@ -92,13 +100,13 @@ class RouterMetrics:
             registry=r,
         )
         self.consumer_latency = Histogram(
-            "encoderpool_router_consumer_latency_seconds",
+            ROUTER_CONSUMER_LATENCY,
             "Consumer time: to its response headers (first_byte) and to its last byte (total).",
             ["phase"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.errors = Counter("encoderpool_router_errors", "Errors by kind.", ["kind"], registry=r)
+        self.errors = Counter(family(ROUTER_ERRORS), "Errors by kind.", ["kind"], registry=r)
         self.consumer_retries = Counter(
             "encoderpool_router_consumer_retries",
             "Consumer requests retried on another consumer.",
@@ -123,9 +131,7 @@ class RouterMetrics:
             ["reason"],
             registry=r,
         )
-        self.backends = Gauge(
-            "encoderpool_router_backends", "Backends known, by role.", ["role"], registry=r
-        )
+        self.backends = Gauge(ROUTER_BACKENDS, "Backends known, by role.", ["role"], registry=r)
         self.in_flight = Gauge(
             "encoderpool_router_in_flight",
             "Upstream requests in flight, by role.",

@@ -22,6 +22,8 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
     PromMetricT,
 )
 
+from encoderpool_contracts.metrics import ec_counter, family
+
 
 @dataclass
 class CounterStats(ECConnectorStats):  # type: ignore[misc]  # vLLM is untyped here
@@ -60,7 +62,7 @@ class CounterStats(ECConnectorStats):  # type: ignore[misc]  # vLLM is untyped h
 
 
 class CounterPromMetrics(ECConnectorPromMetrics):  # type: ignore[misc]
-    """A Prometheus counter per key of ``counters``, ``encoderpool_ec_<key>_total``, per engine."""
+    """A Prometheus counter per key of ``counters``, ``ec_counter(key)``, per engine."""
 
     counters: ClassVar[dict[str, str]] = {}
 
@@ -75,7 +77,7 @@ class CounterPromMetrics(ECConnectorPromMetrics):  # type: ignore[misc]
         self._counters: dict[str, dict[int, Any]] = {}
         for key, doc in self.counters.items():
             counter = self._counter_cls(
-                name=f"encoderpool_ec_{key}", documentation=doc, labelnames=labelnames
+                name=family(ec_counter(key)), documentation=doc, labelnames=labelnames
             )
             self._counters[key] = {
                 idx: counter.labels(*values) for idx, values in per_engine_labelvalues.items()

@@ -25,20 +25,26 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from encoderpool_contracts.metrics import (
+    EC_VOLUME_AVAILABLE_BYTES,
+    EC_VOLUME_FILES,
+    EC_VOLUME_FILES_AVAILABLE,
+    EC_VOLUME_SIZE_BYTES,
+)
 from encoderpool_contracts.pod import CACHE_DIR_ENV, VOLUME_METRICS_MIDDLEWARE
 
 logger = logging.getLogger("vllm." + __name__)
 
 # (name, help), in the order ``VolumeCollector`` reads them from statvfs.
 GAUGES = (
-    ("encoderpool_ec_volume_size_bytes", "Size of the cache volume's filesystem."),
+    (EC_VOLUME_SIZE_BYTES, "Size of the cache volume's filesystem."),
     (
-        "encoderpool_ec_volume_available_bytes",
+        EC_VOLUME_AVAILABLE_BYTES,
         "Bytes an unprivileged writer (this pod) can still write on the cache volume.",
     ),
-    ("encoderpool_ec_volume_files", "Files (inodes) the cache volume's filesystem has."),
+    (EC_VOLUME_FILES, "Files (inodes) the cache volume's filesystem has."),
     (
-        "encoderpool_ec_volume_files_available",
+        EC_VOLUME_FILES_AVAILABLE,
         "Files (inodes) an unprivileged writer can still create on the cache volume "
         "(each entry is a file).",
     ),

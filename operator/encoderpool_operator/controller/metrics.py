@@ -16,6 +16,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from encoderpool_contracts.metrics import (
+    OPERATOR_POOL_CONDITION,
+    OPERATOR_POOL_ENCODER_WIDTH,
+    OPERATOR_POOL_REPLICAS,
+)
 from encoderpool_operator.api.status import READY, EncoderPoolStatus, ReplicaStatus
 from encoderpool_operator.controller.workqueue import WorkQueue
 from encoderpool_operator.kube import Kube
@@ -78,18 +83,18 @@ def _pool_families(seen: list[tuple[PoolKey, EncoderPoolStatus]]) -> Iterator[Ga
     """Each pool's status as gauges; label names match the pods' series (``namespace``,
     ``pool``), so a scrape must keep them (``honor_labels``, as for kube-state-metrics)."""
     conditions = GaugeMetricFamily(
-        "encoderpool_operator_pool_condition",
+        OPERATOR_POOL_CONDITION,
         "1 for each condition of each pool, with its status and reason (as in the pool's "
         "status.conditions).",
         labels=["namespace", "pool", "condition", "status", "reason"],
     )
     replicas = GaugeMetricFamily(
-        "encoderpool_operator_pool_replicas",
+        OPERATOR_POOL_REPLICAS,
         "Pods per role of each pool: desired (the spec or its autoscaler) and ready.",
         labels=["namespace", "pool", "role", "state"],
     )
     widths = GaugeMetricFamily(
-        "encoderpool_operator_pool_encoder_width",
+        OPERATOR_POOL_ENCODER_WIDTH,
         "The encoder output width measured for each pool, per modality.",
         labels=["namespace", "pool", "modality"],
     )
