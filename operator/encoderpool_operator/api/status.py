@@ -210,7 +210,8 @@ class EncoderPoolStatus(ApiModel):
         max_length=16,
         description="ChildrenOwned, WidthsMeasured, ProducersAvailable, ConsumersAvailable, "
         "RouterAvailable (with a router) and Ready: True when all the others are, else the "
-        "reason of the first that is not.",
+        "reason of the first that is not; and kstatus' Reconciling (while the pool comes up "
+        "or changes) and Stalled (while a person must act), present only while True.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
