@@ -99,8 +99,10 @@ def _code(text: str) -> str:
 
 def _cell(text: str) -> str:
     """Prose in a table cell: one line, `<pool>` shown rather than read as an HTML tag."""
-    text = " ".join(text.split()).replace("<", "&lt;").replace(">", "&gt;")
-    return text.replace("|", "\\|")
+    parts = " ".join(text.split()).split("`")
+    for i in range(0, len(parts), 2):  # outside code spans (which show `<` as it is)
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts).replace("|", "\\|")
 
 
 def _bounds(node: dict[str, Any]) -> str:
