@@ -10,12 +10,14 @@ port-forward`` only.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,6 +249,9 @@ class KindCluster:
                 raise RuntimeError(
                     f"port-forward to {namespace}/{target}: {line}{proc.stdout.read(2000)}"
                 )
+            # kubectl prints a line per connection: unread, they fill the pipe (64 KiB,
+            # some 2,000 connections) and kubectl blocks, and so does every connection.
+            threading.Thread(target=collections.deque, args=(proc.stdout, 0), daemon=True).start()
             yield f"http://127.0.0.1:{m.group(1)}"
         finally:
             proc.terminate()
