@@ -245,9 +245,12 @@ def test_the_docs_pod_monitor_keeps_and_labels_what_the_scrape_job_does(
 
 
 class Exporter:
-    """A /metrics endpoint on 127.0.0.1: ``lines(n)`` is its body at the n-th scrape."""
+    """A /metrics endpoint on 127.0.0.1: ``lines(n)`` is its body at the n-th scrape; the
+    scrapes ``fails(n)`` names are answered 500 (a server too busy to answer)."""
 
-    def __init__(self, lines: Callable[[int], list[str]]) -> None:
+    def __init__(
+        self, lines: Callable[[int], list[str]], fails: Callable[[int], bool] = lambda n: False
+    ) -> None:
         self.lines = lines
         self.scrapes = 0
         exporter = self
@@ -255,6 +258,9 @@ class Exporter:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 exporter.scrapes += 1
+                if fails(exporter.scrapes):
+                    self.send_error(500)
+                    return
                 body = ("\n".join(exporter.lines(exporter.scrapes)) + "\n").encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -465,6 +471,58 @@ def test_a_tenants_forged_series_change_nothing_the_pools_autoscalers_read(
     finally:
         for e in exporters.values():
             e.close()
+
+
+@pytest.mark.cluster
+def test_a_consumer_whose_scrapes_fail_is_not_read_as_idle(
+    cluster: LocalCluster, namespaces: tuple[str, str, str], tmp_path: Path
+) -> None:
+    """vLLM answers /metrics late under load; a failed scrape marks the pod's series
+    stale at once. The consumers' signals average each pod over the window, so they keep
+    the pool's load through every other scrape failing, where an instant sum reads 0."""
+    op_ns, pool_ns, _ = namespaces
+    pool = victim_pool(pool_ns)
+    triggers = {t.name: t for s in scalers(pool) for t in s.triggers}
+    consumer = Exporter(
+        lambda n: [
+            series(VLLM_REQUESTS_RUNNING, 3),
+            series(VLLM_REQUESTS_WAITING, 1),
+            series(VLLM_KV_CACHE_USAGE, 0.25),
+        ],
+        fails=lambda n: n % 2 == 0,
+    )
+    labels = {**POOL_LABELS, "encoderpool.io/pool": pool.name}
+    try:
+        cluster.kubectl(
+            "apply", "-n", pool_ns, "-f", "-",
+            input=json.dumps(host_pod("consumer", {**labels, "app.kubernetes.io/component":
+                                                   "consumer"}, "http", consumer.port)),
+        )  # fmt: skip
+        wait_until("the pod on 127.0.0.1", partial(on_loopback, cluster, pool_ns, "consumer"))
+        config = copy.deepcopy(scrape_config(op_ns))
+        config.pop("rule_files")
+        for j in config["scrape_configs"]:
+            for sd in j["kubernetes_sd_configs"]:
+                sd["kubeconfig_file"] = str(cluster.kubeconfig)
+                sd["namespaces"] = {"names": [pool_ns]}
+        instant = (
+            f'sum({VLLM_REQUESTS_RUNNING}{{namespace="{pool_ns}",component="consumer"}})'
+            " or vector(0)"
+        )
+        with prometheus(config, tmp_path) as query:
+            wait_until("four scrapes", lambda: consumer.scrapes >= 4, timeout=60)
+            seen: dict[str, set[float]] = {"lm-demand": set(), "kv-cache-usage": set()}
+            instants = set()
+            deadline = consumer.scrapes + 4  # two more failures, two more answers
+            while consumer.scrapes < deadline:
+                for name in seen:
+                    seen[name].add(_value(query, triggers[name].query))
+                instants.add(_value(query, instant))
+                threading.Event().wait(0.5)
+        assert seen == {"lm-demand": {4.0}, "kv-cache-usage": {0.25}}
+        assert 0.0 in instants  # what an instant sum read meanwhile: the test can tell
+    finally:
+        consumer.close()
 
 
 def on_loopback(cluster: LocalCluster, namespace: str, name: str) -> bool:

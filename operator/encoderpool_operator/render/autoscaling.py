@@ -145,6 +145,17 @@ def producer_triggers(pool: EncoderPool, component: str, settings: Autoscaling) 
     ]
 
 
+def _gauge_mean(name: str, sel: str) -> str:
+    """A gauge summed over the consumers, each pod's value its mean over ``RATE_WINDOW``.
+
+    vLLM serves /metrics from its API server, which answers late under load; a scrape
+    that fails marks the pod's series stale at once, and an instant ``sum()`` would read
+    the pool as idle until the next scrape: the autoscaler then removed the very pod that
+    was starting (seen on kind under load: three new consumers killed in a row). The
+    mean over the window keeps the samples it has."""
+    return f"sum(avg_over_time({name}{{{sel}}}[{RATE_WINDOW}]))"
+
+
 def consumer_triggers(pool: EncoderPool, settings: Autoscaling) -> list[Trigger]:
     """vLLM's running plus waiting requests over the consumers; optionally KV-cache use."""
     sel = _selector(pool, **{LABEL_COMPONENT: CONSUMER})
@@ -152,8 +163,8 @@ def consumer_triggers(pool: EncoderPool, settings: Autoscaling) -> list[Trigger]
     out = [
         Trigger(
             "lm-demand",
-            f"(sum({VLLM_REQUESTS_RUNNING}{{{sel}}}) + sum({VLLM_REQUESTS_WAITING}{{{sel}}}))"
-            " or vector(0)",
+            f"({_gauge_mean(VLLM_REQUESTS_RUNNING, sel)} + "
+            f"{_gauge_mean(VLLM_REQUESTS_WAITING, sel)}) or vector(0)",
             settings.target or DEFAULT_CONSUMER_TARGET,
             HPA_LM_DEMAND,
             hpa_sel,
@@ -165,7 +176,7 @@ def consumer_triggers(pool: EncoderPool, settings: Autoscaling) -> list[Trigger]
         out.append(
             Trigger(
                 "kv-cache-usage",
-                f"sum({VLLM_KV_CACHE_USAGE}{{{sel}}}) or vector(0)",
+                f"{_gauge_mean(VLLM_KV_CACHE_USAGE, sel)} or vector(0)",
                 settings.target_kv_cache_usage,
                 HPA_KV_CACHE_USAGE,
                 hpa_sel,
