@@ -123,6 +123,38 @@ def chat_request(
     return body
 
 
+def responses_input(png: bytes, text: str = "Describe this image.") -> list[dict[str, Any]]:
+    """A Responses API ``input``: one user message with an image and ``text``."""
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_image", "image_url": data_url(png), "detail": "auto"},
+                {"type": "input_text", "text": text},
+            ],
+        }
+    ]
+
+
+def anthropic_messages(
+    png: bytes, source: str, text: str = "Describe this image."
+) -> list[dict[str, Any]]:
+    """Anthropic Messages ``messages``: one user message with an image (``source``
+    ``base64`` or ``url``, a data URL) and ``text``."""
+    data = base64.b64encode(png).decode()
+    block = (
+        {"type": "base64", "media_type": "image/png", "data": data}
+        if source == "base64"
+        else {"type": "url", "url": data_url(png)}
+    )
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "image", "source": block}, {"type": "text", "text": text}],
+        }
+    ]
+
+
 def encoder_request(part: dict[str, Any], model: str = MODEL) -> dict[str, Any]:
     """What a router sends a producer for one media item: encode it, decode nothing."""
     return {

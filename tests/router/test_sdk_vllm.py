@@ -8,7 +8,6 @@ consumer did not.
 
 from __future__ import annotations
 
-import base64
 import json
 import urllib.error
 import urllib.request
@@ -19,7 +18,7 @@ import anthropic
 import openai
 import pytest
 
-from e2e.media import MODEL, data_url, image
+from e2e.media import MODEL, anthropic_messages, data_url, image, responses_input
 from e2e.vllm_server import post_json
 from tests.router.fixtures import Epd, encoded_hashes
 
@@ -103,18 +102,6 @@ def test_completions_and_models(epd: Epd) -> None:
     assert answers[0][1] == [MODEL]
 
 
-def responses_input(png: bytes) -> list[dict[str, Any]]:
-    return [
-        {
-            "role": "user",
-            "content": [
-                {"type": "input_image", "image_url": data_url(png), "detail": "auto"},
-                {"type": "input_text", "text": PROMPT},
-            ],
-        }
-    ]
-
-
 def test_responses_with_an_image(epd: Epd, encodes: Callable[[], tuple[int, int]]) -> None:
     texts = []
     for url in both(epd):
@@ -176,21 +163,6 @@ def test_errors_are_the_same_classes(epd: Epd) -> None:
                 call(oai(url))
             classes.append((type(raised.value), raised.value.status_code))
         assert classes[0] == classes[1]
-
-
-def anthropic_messages(png: bytes, source: str) -> list[dict[str, Any]]:
-    data = base64.b64encode(png).decode()
-    block = (
-        {"type": "base64", "media_type": "image/png", "data": data}
-        if source == "base64"
-        else {"type": "url", "url": data_url(png)}
-    )
-    return [
-        {
-            "role": "user",
-            "content": [{"type": "image", "source": block}, {"type": "text", "text": PROMPT}],
-        }
-    ]
 
 
 @pytest.mark.parametrize("source", ["base64", "url"])
