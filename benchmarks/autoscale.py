@@ -360,6 +360,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         print(f"# {when}, commit {commit()}, {os.cpu_count()} cores")
         print_tables(summary)
+        for p in phases:
+            for arm, answers in p.answers.items():
+                for a in failures(answers)[:5]:
+                    at = a.started - phases[0].start
+                    print(f"# failed: {arm} {p.name} at {at:.0f} s: {a.status} {a.error[:200]}")
         if args.plot:
             title = f"replicas per role, auto vs fixed, {when} ({commit()})"
             plot(args.plot, phases, samplers, title)
