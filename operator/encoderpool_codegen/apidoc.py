@@ -13,7 +13,6 @@ the rules without CEL come from the models, so nothing is listed twice by hand.
 from __future__ import annotations
 
 import argparse
-import difflib
 import html
 import json
 import re
@@ -28,6 +27,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from encoderpool_codegen import crd as codegen_crd
+from encoderpool_codegen.generated import write_or_check
 from encoderpool_operator import api
 from encoderpool_operator.api.schema import ApiModel, Rule
 
@@ -302,23 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     path: Path = args.page
-    current = path.read_text()
-    text = render(current)
-    if args.check:
-        if current == text:
-            return 0
-        sys.stdout.writelines(
-            difflib.unified_diff(
-                current.splitlines(keepends=True),
-                text.splitlines(keepends=True),
-                fromfile=str(path),
-                tofile=f"{path} (regenerated)",
-            )
-        )
-        print(f"{path} is stale: run `make crds` and commit it", file=sys.stderr)
-        return 1
-    path.write_text(text)
-    return 0
+    return write_or_check(path, render(path.read_text()), args.check)
 
 
 if __name__ == "__main__":

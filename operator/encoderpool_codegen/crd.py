@@ -18,13 +18,13 @@ metadata.name's is placed here, the one metadata field a CRD may constrain.
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from encoderpool_codegen.generated import write_or_check
 from encoderpool_operator import api
 
 FILENAME = f"{api.GROUP}_{api.PLURAL}.yaml"
@@ -187,24 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     path: Path = args.out_dir / FILENAME
-    text = render()
-    if args.check:
-        current = path.read_text() if path.exists() else ""
-        if current == text:
-            return 0
-        sys.stdout.writelines(
-            difflib.unified_diff(
-                current.splitlines(keepends=True),
-                text.splitlines(keepends=True),
-                fromfile=str(path),
-                tofile=f"{path} (regenerated)",
-            )
-        )
-        print(f"{path} is stale: run `make crds` and commit it", file=sys.stderr)
-        return 1
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return 0
+    return write_or_check(path, render(), args.check)
 
 
 if __name__ == "__main__":
