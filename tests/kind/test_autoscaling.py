@@ -20,16 +20,18 @@ from __future__ import annotations
 import copy
 import json
 import os
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.kind import dashboard_png, monitoring
+from e2e.kind import dashboard_png, forger, monitoring
 from e2e.kind.cluster import Engine, Images, KindCluster
+from e2e.kind.load import Answer, Load, ReplicaSampler, failures, mismatches, monolithic_answers
 from e2e.kind.pool import (
     MODEL_CLAIM,
     cache_dir_on_node,
@@ -40,6 +42,8 @@ from e2e.kind.pool import (
     example,
     for_kind,
     model_volume,
+    monolithic,
+    patch_spec,
     release_cache_volume,
     wait_ready,
 )
@@ -51,6 +55,7 @@ from encoderpool_contracts.signals import (
     ENCODER_UNSERVED_ITEMS,
     VLLM_REQUESTS_RUNNING,
 )
+from encoderpool_operator.naming import FIELD_MANAGER
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.kind
@@ -58,7 +63,30 @@ pytestmark = pytest.mark.kind
 NS = "kind-auto"
 POOL = "auto"
 PRODUCERS = f"{POOL}-producer"
+CONSUMERS = f"{POOL}-consumer"
 CACHE_TMPFS_MIB = 64
+# Small targets and short scale-down windows, so that a few clients move each role on a
+# 2-core node: four clients of image requests (the tiny model takes one image per
+# request) keep up to 4 items in flight (producers to 2, their maximum) while at most 4
+# requests reach the LM (consumers stay at 1); twelve text-only clients keep ~12
+# requests on the LM (consumers to 2) and no item anywhere.
+PRODUCER_AUTOSCALING = {
+    "minReplicas": 0,
+    "maxReplicas": 2,
+    "target": 1,
+    "scaleDown": {"stabilizationWindowSeconds": 20},
+}
+CONSUMER_AUTOSCALING = {
+    "minReplicas": 1,
+    "maxReplicas": 2,
+    "target": 5,
+    "scaleDown": {"stabilizationWindowSeconds": 20},
+}
+IMAGE_CLIENTS = 4
+TEXT_CLIENTS = 12
+# Each phase's answers, for the comparison with the monolithic server at its end.
+# A load one test starts and the next one ends.
+LOADS: dict[str, Load] = {}
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +108,8 @@ def pool(
     cache_volume(kind, NS, tmpfs_mib=CACHE_TMPFS_MIB)
     spec = for_kind(example("pool-shared-volume.yaml"), images.vllm)
     spec["metadata"] = {"name": POOL, "namespace": NS}
-    spec["spec"]["producer"]["autoscaling"] = {
-        "minReplicas": 0,
-        "maxReplicas": 1,
-        "scaleDown": {"stabilizationWindowSeconds": 20},
-    }
-    spec["spec"]["consumer"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 1}
+    spec["spec"]["producer"]["autoscaling"] = PRODUCER_AUTOSCALING
+    spec["spec"]["consumer"]["autoscaling"] = CONSUMER_AUTOSCALING
     spec["spec"]["networkPolicy"] = {
         "metrics": [
             {
@@ -101,14 +125,79 @@ def pool(
     release_cache_volume(kind, NS)
 
 
-def replicas(kind: KindCluster) -> int:
-    return int(kind.get("deployment", "-n", NS, PRODUCERS)["spec"].get("replicas", 1))
+def replicas(kind: KindCluster, deployment: str = PRODUCERS) -> int:
+    return int(kind.get("deployment", "-n", NS, deployment)["spec"].get("replicas", 1))
 
 
-def ready_producers(kind: KindCluster) -> int:
+def ready_producers(kind: KindCluster, deployment: str = PRODUCERS) -> int:
     return int(
-        kind.get("deployment", "-n", NS, PRODUCERS).get("status", {}).get("readyReplicas", 0)
+        kind.get("deployment", "-n", NS, deployment).get("status", {}).get("readyReplicas", 0)
     )
+
+
+def at(kind: KindCluster, deployment: str, n: int) -> bool:
+    """The Deployment asks for ``n`` pods and all of them are ready (and no other exists)."""
+    d = kind.get("deployment", "-n", NS, deployment)
+    st = d.get("status", {})
+    return bool(
+        d["spec"].get("replicas") == n
+        and st.get("readyReplicas", 0) == n
+        and st.get("replicas", 0) == n
+    )
+
+
+@pytest.fixture(scope="module")
+def router(kind: KindCluster, pool: dict[str, Any]) -> Iterator[str]:
+    """The pool's router through one port-forward for the module's loads."""
+    wait_ready(kind, NS, POOL)
+    with kind.port_forward(NS, f"service/{POOL}", 8000) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def sampler(kind: KindCluster, pool: dict[str, Any]) -> Iterator[ReplicaSampler]:
+    """The pool's Deployments read every 2 s from the pool's start to the module's end."""
+    with ReplicaSampler(kind, NS, interval=2.0) as s:
+        yield s
+
+
+def wait_serving(kind: KindCluster, what: str, load: Load, ok: Callable[[], bool]) -> None:
+    """``wait_until(what, ok)`` while ``load`` runs: a failed request ends the wait at
+    once, and a wait that times out says how far the load got and what the autoscalers
+    saw."""
+
+    def check() -> bool:
+        failed = load.failed()
+        assert failed == [], failed[:3]
+        return ok()
+
+    try:
+        wait_until(what, check, timeout=600)
+    except AssertionError as e:
+        hpas = {
+            h["metadata"]["name"]: h.get("status", {}) for h in kind.get("hpa", "-n", NS)["items"]
+        }
+        raise AssertionError(f"{e}; {len(load.answers)} answers so far; HPAs: {hpas}") from None
+
+
+@pytest.fixture(scope="module")
+def mono(kind: KindCluster, pool: dict[str, Any]) -> Iterator[str]:
+    """A monolithic vLLM pod beside the pool (its consumer's template, less the connector),
+    started now and ready by the time a phase's answers are compared with it."""
+    wait_ready(kind, NS, POOL)
+    kind.apply(monolithic(kind, NS, POOL))
+    yield f"deployment/{POOL}-mono"
+    kind.kubectl("delete", "deployment", "-n", NS, f"{POOL}-mono", "--wait=false", check=False)
+
+
+def expect_monolithic(kind: KindCluster, mono: str, answers: list[Answer]) -> None:
+    """Every answer a 200 whose tokens equal the monolithic server's for the same body."""
+    assert answers, "the load sent nothing"
+    assert failures(answers) == []
+    kind.kubectl("rollout", "status", "-n", NS, mono, "--timeout=600s", timeout=630)
+    with kind.port_forward(NS, mono, 8000) as url:
+        expected = monolithic_answers(url, (a.key for a in answers))
+    assert mismatches(answers, expected) == []
 
 
 def test_the_pool_is_ready_and_its_producers_sleep_at_zero(
@@ -189,6 +278,46 @@ def test_awake_producers_encode_and_their_demand_is_measured(
     wait_until("the consumers' HPA to read its metric", consumer_metric, timeout=180)
 
 
+def test_image_heavy_load_scales_producers_while_consumers_stay_at_their_minimum(
+    kind: KindCluster, router: str, sampler: ReplicaSampler, mono: str
+) -> None:
+    """Four clients of image requests: the encoder demand takes the producers from 1 to 2;
+    the LM sees at most four requests, under one consumer's target. The load then drops
+    to one client at once (the next test's), which leaves the demand of one pod."""
+    wait_until("one producer ready", lambda: at(kind, PRODUCERS, 1), timeout=600)
+    start = time.monotonic()
+    load = Load(router, "image", IMAGE_CLIENTS).start()
+    try:
+        wait_serving(kind, "two producers ready", load, lambda: at(kind, PRODUCERS, 2))
+        time.sleep(20)  # the second producer serves items of the load too
+    finally:
+        # Started before the heavy load stops, so it runs while the autoscaler scales down.
+        LOADS["trickle"] = Load(router, "image", 1, first=100_000).start()
+        answers = load.stop()
+    consumers = {s.replicas for s in sampler.of(CONSUMERS, since=start)}
+    assert consumers == {1}, f"the consumers moved under image-heavy load: {consumers}"
+    expect_monolithic(kind, mono, answers)
+
+
+def test_a_producer_removed_while_items_are_in_flight_loses_none(
+    kind: KindCluster, sampler: ReplicaSampler, mono: str
+) -> None:
+    """One client of image requests keeps items going to the producers while their
+    demand falls under two pods' target: the autoscaler removes one (it leaves the
+    router's view first and drains, docs/autoscaling.md); every request is answered."""
+    load = LOADS.pop("trickle")
+    try:
+        wait_serving(kind, "the producers down to 1", load, lambda: at(kind, PRODUCERS, 1))
+        time.sleep(5)
+    finally:
+        answers = load.stop()
+    seen = sampler.of(PRODUCERS, since=answers[0].started)
+    assert (seen[0].existing, seen[-1].existing) == (2, 1), seen
+    removed_at = next(s.at for s in seen if s.replicas == 1)
+    assert removed_at < answers[-1].started
+    expect_monolithic(kind, mono, answers)
+
+
 def test_idle_producers_go_back_to_zero(kind: KindCluster, pool: dict[str, Any]) -> None:
     wait_until("the producers back at zero", lambda: replicas(kind) == 0, timeout=600)
     wait_ready(kind, NS, POOL)
@@ -225,6 +354,120 @@ def test_the_alerts_load_and_are_silent_while_the_pool_is_healthy(
                 continue  # this pool's producers sleep at zero by design: its fault, above
             assert rule["state"] == "inactive", name
             assert prom.query(rule["query"]) == [], name
+
+
+def test_a_tenant_in_another_namespace_cannot_forge_the_pools_signals(
+    kind: KindCluster, pool: dict[str, Any], images: Images, sampler: ReplicaSampler
+) -> None:
+    """Pods of another namespace labelled like the pool's consumer, router and operator
+    export the pool's series (1000 requests running, unserved items growing by 1000 a
+    second). Prometheus keeps them under the tenant's namespace, or drops them; every
+    query the pool's ScaledObjects run stays at the pool's own (idle) values, and
+    neither role moves."""
+    tenant = "kind-forger"
+    kind.namespace(tenant)
+    try:
+        kind.apply(forger.pods(tenant, images.operator, NS, POOL, PRODUCERS))
+        kind.kubectl(
+            "wait", "-n", tenant, "--for=condition=Ready", "pod", "--all", "--timeout=300s",
+            timeout=330,
+        )  # fmt: skip
+        queries = [
+            t["metadata"]["query"]
+            for o in kind.get("scaledobjects", "-n", NS)["items"]
+            for t in o["spec"]["triggers"]
+        ]
+        assert len(queries) == 3, queries  # encoder demand, wake, LM demand
+        with monitoring.prometheus(kind) as prom:
+            wait_until(
+                "Prometheus to store the forged consumer's series, as the tenant's",
+                lambda: (
+                    prom.value(
+                        f'sum({VLLM_REQUESTS_RUNNING}{{namespace="{tenant}",exported_namespace="{NS}"}})'
+                    )
+                    == 1000
+                ),
+                timeout=120,
+            )
+            wait_until(
+                "the forged router's counters to grow, as the tenant's",
+                lambda: (
+                    (
+                        prom.value(
+                            f'sum(rate({ENCODER_UNSERVED_ITEMS}{{namespace="{tenant}"}}[1m]))'
+                        )
+                        or 0
+                    )
+                    > 100
+                ),
+                timeout=120,
+            )
+            start = time.monotonic()
+            for _ in range(6):  # 30 s: six scrapes, three KEDA polls
+                values = {q: prom.value(q) for q in queries}
+                assert all(v is not None and v < 1 for v in values.values()), values
+                time.sleep(5)
+            assert prom.query(f'{{namespace="{tenant}",pod="forged-operator"}}') == []
+            assert prom.query(f'{{namespace="{NS}",pod=~"forged-.+"}}') == []
+        assert {s.replicas for s in sampler.of(PRODUCERS, since=start)} == {0}
+        assert {s.replicas for s in sampler.of(CONSUMERS, since=start)} == {1}
+    finally:
+        kind.kubectl("delete", "namespace", tenant, "--wait=false", check=False)
+
+
+def test_text_only_load_scales_consumers_while_producers_sleep(
+    kind: KindCluster, router: str, sampler: ReplicaSampler, mono: str
+) -> None:
+    """Twelve clients of text-only requests with long answers: the LM demand takes the
+    consumers from 1 to 2; no item is asked of an encoder, the producers stay at zero."""
+    wait_until("the producers at zero", lambda: at(kind, PRODUCERS, 0), timeout=600)
+    start = time.monotonic()
+    load = Load(router, "text", TEXT_CLIENTS).start()
+    try:
+        wait_serving(kind, "two consumers ready", load, lambda: at(kind, CONSUMERS, 2))
+        time.sleep(10)
+    finally:
+        answers = load.stop()
+    producers = {s.replicas for s in sampler.of(PRODUCERS, since=start)}
+    assert producers == {0}, f"the producers woke under text-only load: {producers}"
+    expect_monolithic(kind, mono, answers)
+
+
+def test_switching_consumers_to_a_fixed_count_and_back_keeps_their_pods(
+    kind: KindCluster, pool: dict[str, Any]
+) -> None:
+    """Two consumers, KEDA's: a fixed ``replicas: 2`` takes the field back (the autoscaler
+    removed, the count kept); autoscaling again keeps both pods until the HPA that KEDA
+    made writes the count itself (server-side apply's transfer of ownership); it then
+    lowers it, the load being gone."""
+    wait_until("two consumers", lambda: at(kind, CONSUMERS, 2), timeout=300)
+
+    def fixed_by_the_operator() -> bool:
+        s = fast.latest(CONSUMERS)
+        autoscalers = kind.get("scaledobjects", "-n", NS)["items"]
+        return (
+            s is not None
+            and s.managers == (FIELD_MANAGER,)
+            and s.replicas == 2
+            and CONSUMERS not in {o["metadata"]["name"] for o in autoscalers}
+        )
+
+    def autoscaled() -> bool:
+        s = fast.latest(CONSUMERS)
+        return s is not None and bool(s.managers) and FIELD_MANAGER not in s.managers
+
+    with ReplicaSampler(kind, NS, interval=0.5) as fast:
+        patch_spec(kind, NS, POOL, {"consumer": {"replicas": 2, "autoscaling": None}})
+        wait_until("the operator to hold the consumers' count", fixed_by_the_operator, timeout=180)
+        switched = time.monotonic()
+        patch_spec(kind, NS, POOL, {"consumer": {"autoscaling": CONSUMER_AUTOSCALING}})
+        wait_until("the autoscaler to hold the consumers' count", autoscaled, timeout=300)
+        wait_until("the autoscaler to lower the count", lambda: at(kind, CONSUMERS, 1), timeout=300)
+    seen = fast.of(CONSUMERS)
+    assert {s.replicas for s in seen if s.managers == (FIELD_MANAGER,)} == {2}
+    meanwhile = [s for s in seen if s.at >= switched and FIELD_MANAGER in s.managers]
+    assert meanwhile, "no sample between the switch and the hand-over"
+    assert {(s.replicas, s.existing) for s in meanwhile} == {(2, 2)}, meanwhile
 
 
 # --- induced faults: each fires its alert (the test bed's `for` is TEST_BED_FOR) ------------
