@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import openai
 import pytest
 
 from e2e.kind.cluster import CHART, OPERATOR_NS, Images, KindCluster, host_sysctls
@@ -31,7 +33,7 @@ from e2e.kind.pool import (
     token_ids_pool_and_monolithic,
     wait_ready,
 )
-from e2e.media import chat_request, image
+from e2e.media import MODEL, anthropic_messages, chat_request, image, responses_input
 from encoderpool_contracts import WidthReport
 from encoderpool_operator.render.pod import RESTRICTED_CONTAINER, RESTRICTED_POD
 from tests.waiting import wait_until
@@ -109,6 +111,46 @@ def test_answer_equals_monolithic_and_consumer_did_not_encode(
     assert encoded(kind, NS, POOL, "consumer") == 0, "the consumer encoded by itself:\n" + (
         why_local(kind)
     )
+
+
+def test_the_sdks_through_the_pools_service_answer_as_monolithic(
+    kind: KindCluster, pool: dict[str, Any]
+) -> None:
+    """The clients people use, through the pool's Service: the OpenAI SDK's chat and
+    Responses and the Anthropic SDK's Messages, each with a new image, answer as the
+    monolithic pod (started by the test above) answers; the producer encodes every
+    image, the consumer none."""
+    produced, consumed = (encoded(kind, NS, POOL, c) for c in ("producer", "consumer"))
+    answers = []
+    port = pool["spec"]["router"]["port"]
+    for target, port_ in ((f"deployment/{POOL}-mono", 8000), (f"service/{POOL}", port)):
+        with kind.port_forward(NS, target, port_) as url:
+            oai = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=300)
+            chat = oai.chat.completions.create(
+                model=MODEL, temperature=0, max_tokens=8, extra_body={"return_token_ids": True},
+                messages=chat_request(image(930))["messages"],
+            )  # fmt: skip
+            responses = oai.responses.create(
+                model=MODEL, input=responses_input(image(931)),  # type: ignore[arg-type]
+                temperature=0, max_output_tokens=8,
+            )  # fmt: skip
+            claude = anthropic.Anthropic(base_url=url, api_key="-", max_retries=0, timeout=300)
+            message = claude.messages.create(
+                model=MODEL, max_tokens=8, extra_body={"temperature": 0},
+                messages=anthropic_messages(image(932), "base64"),  # type: ignore[arg-type]
+            )  # fmt: skip
+        assert responses.usage is not None
+        said = "".join(b.text for b in message.content if b.type == "text")
+        answers.append(
+            (
+                chat.model_dump()["choices"][0]["token_ids"],
+                (responses.output_text, responses.usage.output_tokens),
+                (said, message.usage.output_tokens),
+            )
+        )
+    assert answers[0] == answers[1]
+    assert encoded(kind, NS, POOL, "producer") >= produced + 3
+    assert encoded(kind, NS, POOL, "consumer") == consumed
 
 
 def router_pod(kind: KindCluster) -> dict[str, Any]:
