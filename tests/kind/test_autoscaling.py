@@ -3,10 +3,15 @@ through the real HPA controller, to zero and back.
 
 Prometheus and KEDA are built here from their Go modules (e2e/monitoring) and installed
 as a platform team would, the chart is told where Prometheus is, and one pool whose
-producers autoscale between 0 and 1 (a short scale-down window) is driven through:
-asleep at zero while idle, a request answered by the consumer encoding it itself, the
-producers woken by that demand, the next items encoded by the producer, back to zero
-when the traffic stops. The consumers' autoscaler reads vLLM's own gauges.
+producers autoscale between 0 and 2 and consumers between 1 and 2 (small targets,
+short scale-down windows) is driven through: asleep at zero while idle, a request
+answered by the consumer encoding it itself, the producers woken by that demand, the
+next items encoded by the producer; image-heavy load taking the producers to 2 with the
+consumers at 1, a producer removed while items are in flight, back to zero when the
+traffic stops; a tenant in another namespace forging the pool's series, which moves
+nothing; text-only load taking the consumers to 2 with the producers asleep; the
+consumers handed to a fixed count and back to KEDA without losing a pod. Every answer
+of a load phase equals a monolithic vLLM pod's, token by token.
 
 The same Prometheus then runs the chart's dashboard and alerts: every panel returns data
 (and is drawn, e2e/kind/dashboard_png.py), every alert is silent while the pool is
@@ -84,7 +89,6 @@ CONSUMER_AUTOSCALING = {
 }
 IMAGE_CLIENTS = 4
 TEXT_CLIENTS = 12
-# Each phase's answers, for the comparison with the monolithic server at its end.
 # A load one test starts and the next one ends.
 LOADS: dict[str, Load] = {}
 
@@ -125,13 +129,13 @@ def pool(
     release_cache_volume(kind, NS)
 
 
-def replicas(kind: KindCluster, deployment: str = PRODUCERS) -> int:
-    return int(kind.get("deployment", "-n", NS, deployment)["spec"].get("replicas", 1))
+def replicas(kind: KindCluster) -> int:
+    return int(kind.get("deployment", "-n", NS, PRODUCERS)["spec"].get("replicas", 1))
 
 
-def ready_producers(kind: KindCluster, deployment: str = PRODUCERS) -> int:
+def ready_producers(kind: KindCluster) -> int:
     return int(
-        kind.get("deployment", "-n", NS, deployment).get("status", {}).get("readyReplicas", 0)
+        kind.get("deployment", "-n", NS, PRODUCERS).get("status", {}).get("readyReplicas", 0)
     )
 
 
