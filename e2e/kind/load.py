@@ -14,12 +14,12 @@ integrate replica-seconds.
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,37 +70,79 @@ class Answer:
     error: str = ""
 
 
-def stream_chat(
-    url: str, body: dict[str, Any], timeout: float
-) -> tuple[int, float | None, list[int], str]:
-    """POST a streamed chat request; (status, seconds to the first token, token ids, error)."""
-    req = urllib.request.Request(
-        url + "/v1/chat/completions",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-    )
-    t0 = time.monotonic()
-    ttft: float | None = None
-    ids: list[int] = []
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            for raw in r:
+class ChatClient:
+    """One client's connection to ``url``, kept alive from request to request.
+
+    Through a port-forward each new connection is a new stream set up by kubectl, the API
+    server and the kubelet; on busy cores that took seconds, and a load of short requests
+    then spent more time connecting than in vLLM. A connection the server closed while
+    idle is opened again and the request sent once more (nothing of it was answered)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def chat(self, body: dict[str, Any]) -> tuple[int, float | None, list[int], str]:
+        """POST a streamed chat request; (status, seconds to the first token, token ids,
+        error); status 0: no HTTP answer (refused, reset, timed out, a torn stream)."""
+        data = json.dumps(body).encode()
+        for attempt in (1, 2):
+            reused = self._conn is not None
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            t0 = time.monotonic()
+            try:
+                self._conn.request(
+                    "POST", "/v1/chat/completions", data, {"Content-Type": "application/json"}
+                )
+                r = self._conn.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
+                self.close()
+                if reused and attempt == 1:
+                    continue  # closed while idle: nothing was answered, send it again
+                return 0, None, [], f"{type(e).__name__}: {e}"
+            except OSError as e:
+                self.close()
+                return 0, None, [], f"{type(e).__name__}: {e}"
+            return self._read(r, t0)
+        raise AssertionError("unreachable")
+
+    def _read(
+        self, r: http.client.HTTPResponse, t0: float
+    ) -> tuple[int, float | None, list[int], str]:
+        ttft: float | None = None
+        ids: list[int] = []
+        try:
+            if r.status != 200:
+                return r.status, None, [], r.read().decode(errors="replace")[:300]
+            error = ""
+            while raw := r.readline():
                 line = raw.decode().strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line.removeprefix("data: "))
                 if "error" in chunk:
-                    return int(r.status), ttft, ids, json.dumps(chunk["error"])[:300]
+                    error = json.dumps(chunk["error"])[:300]
                 for choice in chunk.get("choices", []):
                     if choice.get("token_ids"):
                         if ttft is None:
                             ttft = time.monotonic() - t0
                         ids += choice["token_ids"]
-            return int(r.status), ttft, ids, ""
-    except urllib.error.HTTPError as e:
-        return int(e.code), None, [], e.read(300).decode(errors="replace")
-    except (OSError, ValueError) as e:  # refused, reset, timed out, a torn stream
-        return 0, None, ids, f"{type(e).__name__}: {e}"
+            r.read()  # the end of the body: the connection is ready for the next request
+            return r.status, ttft, ids, error
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            self.close()
+            return 0, None, ids, f"{type(e).__name__}: {e}"
+        finally:
+            if r.will_close:
+                self.close()
 
 
 class Load:
@@ -148,15 +190,19 @@ class Load:
         return sorted(self.answers, key=lambda a: a.started)
 
     def _client(self) -> None:
-        while not self._stop.is_set():
-            with self._lock:
-                n = next(self._next)
-                key = (self.kind, n % self.PERIOD[self.kind] if self.kind in self.PERIOD else n)
-            t0 = time.monotonic()
-            status, ttft, ids, error = stream_chat(self.url, self.body(key), self.timeout)
-            answer = Answer(key, t0, time.monotonic() - t0, status, ttft, tuple(ids), error)
-            with self._lock:
-                self.answers.append(answer)
+        client = ChatClient(self.url, self.timeout)
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    n = next(self._next)
+                    key = (self.kind, n % self.PERIOD[self.kind] if self.kind in self.PERIOD else n)
+                t0 = time.monotonic()
+                status, ttft, ids, error = client.chat(self.body(key))
+                answer = Answer(key, t0, time.monotonic() - t0, status, ttft, tuple(ids), error)
+                with self._lock:
+                    self.answers.append(answer)
+        finally:
+            client.close()
 
 
 def failures(answers: Iterable[Answer]) -> list[Answer]:
@@ -183,12 +229,14 @@ def monolithic_answers(
     it = iter(todo)
 
     def client() -> None:
+        chat = ChatClient(url, timeout)
         while True:
             with lock:
                 key = next(it, None)
             if key is None:
+                chat.close()
                 return
-            status, _, ids, error = stream_chat(url, Load.body(key), timeout)
+            status, _, ids, error = chat.chat(Load.body(key))
             with lock:
                 if status != 200 or error or not ids:
                     refused.append(f"{key}: {status} {error}")
