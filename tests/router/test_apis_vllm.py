@@ -40,13 +40,28 @@ def _import_anthropic_serving() -> Any:
     try:
         importlib.import_module("orjson")
     except ImportError:
-        stub = types.ModuleType("orjson")
-        stub.dumps = lambda obj, *_, **__: json.dumps(obj).encode()  # type: ignore[attr-defined]
-        stub.loads = json.loads  # type: ignore[attr-defined]
-        stub.JSONDecodeError = json.JSONDecodeError  # type: ignore[attr-defined]
-        stub.__getattr__ = lambda name: 0  # type: ignore[method-assign]  # OPT_* flags
-        sys.modules["orjson"] = stub
-    return importlib.import_module("vllm.entrypoints.anthropic.serving")
+        pass
+    else:
+        return importlib.import_module("vllm.entrypoints.anthropic.serving")
+
+    def flag(name: str) -> int:
+        # Only orjson's OPT_* flags: any other missing name (``__file__``, ``__spec__``)
+        # must stay missing, or code that inspects every loaded module breaks mid-import
+        # (seen: torch's op registry importing vLLM's ops twice in the same process).
+        if name.startswith("OPT_"):
+            return 0
+        raise AttributeError(name)
+
+    stub = types.ModuleType("orjson")
+    stub.dumps = lambda obj, *_, **__: json.dumps(obj).encode()  # type: ignore[attr-defined]
+    stub.loads = json.loads  # type: ignore[attr-defined]
+    stub.JSONDecodeError = json.JSONDecodeError  # type: ignore[attr-defined]
+    stub.__getattr__ = flag  # type: ignore[method-assign]
+    sys.modules["orjson"] = stub
+    try:
+        return importlib.import_module("vllm.entrypoints.anthropic.serving")
+    finally:
+        del sys.modules["orjson"]  # the stand-in served that import, and no other
 
 
 _anthropic_serving = _import_anthropic_serving()
