@@ -71,12 +71,12 @@ def test_chat_and_streamed_chat(epd: Epd, encodes: Callable[[], tuple[int, int]]
     for url in both(epd):
         client = oai(url)
         whole = client.chat.completions.create(
-            model=MODEL, messages=chat_messages(image(700)), temperature=0,  # type: ignore[arg-type]
+            model=MODEL, messages=chat_messages(image(1700)), temperature=0,  # type: ignore[arg-type]
             max_tokens=MAX_TOKENS, extra_body={"return_token_ids": True},
         )  # fmt: skip
         ids: list[int] = []
         chunks: Any = client.chat.completions.create(
-            model=MODEL, messages=chat_messages(image(701)), temperature=0,  # type: ignore[arg-type]
+            model=MODEL, messages=chat_messages(image(1701)), temperature=0,  # type: ignore[arg-type]
             max_tokens=MAX_TOKENS, stream=True, extra_body={"return_token_ids": True},
         )  # fmt: skip
         for chunk in chunks:
@@ -106,7 +106,7 @@ def test_responses_with_an_image(epd: Epd, encodes: Callable[[], tuple[int, int]
     texts = []
     for url in both(epd):
         got = oai(url).responses.create(
-            model=MODEL, input=responses_input(image(710)),  # type: ignore[arg-type]
+            model=MODEL, input=responses_input(image(1710)),  # type: ignore[arg-type]
             temperature=0, max_output_tokens=MAX_TOKENS,
         )  # fmt: skip
         # incomplete: max_output_tokens; the tiny model's text may be empty (special tokens)
@@ -128,7 +128,7 @@ def test_streamed_responses(epd: Epd, encodes: Callable[[], tuple[int, int]]) ->
     for url in both(epd):
         kinds, text = [], ""
         stream: Any = oai(url).responses.create(
-            model=MODEL, input=responses_input(image(711)),  # type: ignore[arg-type]
+            model=MODEL, input=responses_input(image(1711)),  # type: ignore[arg-type]
             temperature=0, max_output_tokens=MAX_TOKENS, stream=True,
         )  # fmt: skip
         for event in stream:
@@ -169,7 +169,7 @@ def test_errors_are_the_same_classes(epd: Epd) -> None:
 def test_anthropic_messages_with_an_image(
     epd: Epd, encodes: Callable[[], tuple[int, int]], source: str
 ) -> None:
-    index = 720 if source == "base64" else 722
+    index = 1720 if source == "base64" else 1722
     answers = []
     for url in both(epd):
         client = claude(url)
@@ -210,7 +210,7 @@ def _get(url: str) -> tuple[int, Any]:
 
 def test_tokenize_detokenize_version_and_other_paths(epd: Epd) -> None:
     """Image tokens counted as vLLM counts them; anything else a 404 naming what is served."""
-    chat = {"model": MODEL, "messages": chat_messages(image(730))}
+    chat = {"model": MODEL, "messages": chat_messages(image(1730))}
     mono, pool = (post_json(u + "/tokenize", chat) for u in both(epd))
     assert pool == mono
     assert mono["count"] > 16  # the image's tokens are in
