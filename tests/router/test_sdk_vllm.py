@@ -191,7 +191,8 @@ def test_anthropic_messages_with_an_image(
         tokens = (whole.usage.output_tokens, final.usage.output_tokens)
         answers.append((text, streamed, tokens, counted.input_tokens))
     assert answers[0] == answers[1]
-    assert answers[0][2] == (MAX_TOKENS, MAX_TOKENS)  # the tiny model's text may be empty
+    # The tiny model's text may be empty, and some images end it early: tokens were made.
+    assert all(0 < n <= MAX_TOKENS for n in answers[0][2])
     assert answers[0][3] > 16  # the image's tokens are counted
     assert encodes() == (2, 0)  # count_tokens runs no encoder, here or there
     with pytest.raises(anthropic.NotFoundError):
