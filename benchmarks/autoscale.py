@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.stats import percentile
 from e2e.cluster.runner import bin_dir
 from e2e.kind import monitoring
 from e2e.kind.cluster import ROOT, Engine, Images, KindCluster
@@ -108,13 +109,6 @@ class Phase:
     start: float
     end: float
     answers: dict[str, list[Answer]]  # by arm
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))]
 
 
 def ttfts(answers: Sequence[Answer]) -> list[float]:

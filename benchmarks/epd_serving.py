@@ -72,6 +72,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.stats import percentile
 from e2e.media import chat_request, encoder_request, image, image_part
 from e2e.vllm_server import VllmServer, base_env, ec_transfer_config, free_port
 from encoderpool_contracts.signals import PRODUCER_ITEM_SECONDS
@@ -267,14 +268,6 @@ def sse_events(lines: Sequence[bytes]) -> Iterator[dict[str, Any] | None]:
         if not isinstance(event, dict):
             raise ValueError(f"SSE event is not an object: {data[:200]!r}")
         yield event
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (the same rule as the other benchmarks); NaN when empty."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from benchmarks.epd_serving import (
     describe_placement,
     pair_ratios,
     parse_args,
-    percentile,
     place,
     plot,
     ratios,
@@ -39,6 +38,7 @@ from benchmarks.epd_serving import (
     workloads,
     zipf_ranks,
 )
+from benchmarks.stats import percentile
 from encoderpool_router.config import parse_settings
 from tests.router.fixtures import FakeBackend, fakes, router_at, run
 
