@@ -591,5 +591,9 @@ def test_slow_loris_is_cut_at_the_deadline_and_capped_per_peer(keyed: SideChanne
 
     times = slow_loris(keyed.port, 3, honest_fetch)
     assert len(times) == 10, times
-    assert sum(t < 0.3 for t in times) == 6, times  # over the per-peer cap: at once
-    assert all(0.4 < t < 1.0 for t in times[6:]), times  # the capped four: at the deadline
+    # Seen a round (0.1 s) late at worst, and later on a loaded machine: what tells the two
+    # groups apart is that the six are closed before the four's deadline, the four at it.
+    early, held = times[:6], times[6:]
+    assert max(early) < 0.45, times  # over the per-peer cap: at once
+    assert held[0] - early[-1] > 0.1, times
+    assert all(0.45 < t < 1.5 for t in held), times  # the capped four: at the deadline
