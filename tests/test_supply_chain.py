@@ -1,5 +1,5 @@
-"""Supply chain (issue 13 item 9): the lock carries hashes and is installed with them, the
-connector's extras install with the lock's pins, and no image base is a moving tag.
+"""Supply chain: the locks carry hashes and are installed with them, the connector's
+extras install with the lock's pins, and no image base is a moving tag.
 
 Static checks of the files that decide what gets installed; the install itself runs in
 every fresh venv (tools/venv.sh, ``--require-hashes``) and image build.
@@ -109,3 +109,51 @@ def test_no_image_comes_from_a_registry_by_tag() -> None:
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert "not pinned by digest" in out.stderr
+
+
+GPU_LOCK = ROOT / "requirements" / "vllm-gpu-lock.txt"
+
+
+def test_the_gpu_lock_satisfies_what_its_vllm_requires_but_the_stated_overrides() -> None:
+    """requirements/vllm-gpu-lock.txt (the GPU image, installed --no-deps) against what
+    its vLLM's own wheel states: every requirement met by a pin, except the overrides
+    requirements/vllm-gpu.in names with a reason; the vLLM wheel is the contract
+    release's (same sha256); the connector's extras are met too. Offline: the wheel's
+    METADATA comes from the release folder the contract tests use."""
+    from tests.contracts.test_vllm_releases import releases
+
+    text = GPU_LOCK.read_text()
+    pins = {canonicalize_name(m[1]): Version(m[2]) for m in PIN_WITH_HASH.finditer(text)}
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert len(lines) == 2 * len(pins), "every pin must be followed by exactly one sha256"
+    (release,) = [r for r in releases() if Version(r.version) == pins["vllm"]]
+    assert f"vllm=={release.version} \\\n    --hash=sha256:{release.sha256}" in text
+    stated = (ROOT / "requirements" / "vllm-gpu.in").read_text()
+    overrides = {
+        canonicalize_name(Requirement(m[1]).name): Requirement(m[1])
+        for m in re.finditer(r"^override (\S+)\s+#\s*\S", stated, re.M)
+    }
+    assert overrides, "an override without a reason is refused by this pattern"
+    meta = release.folder / f"vllm-{release.version}.dist-info" / "METADATA"
+    env = {"python_version": "3.11", "platform_machine": "x86_64", "platform_system": "Linux",
+           "sys_platform": "linux", "extra": ""}  # fmt: skip
+    required = [
+        Requirement(line.removeprefix("Requires-Dist: "))
+        for line in meta.read_text().splitlines()
+        if line.startswith("Requires-Dist: ")
+    ]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    ours = [
+        Requirement(r) for r in (*project["dependencies"], *extras["connector"], *extras["rdma"])
+    ]
+    for req in [*required, *ours]:
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req} is not in {GPU_LOCK.name}: run tools/vllm_gpu_lock.py"
+        if name in overrides:
+            assert not req.specifier.contains(pins[name]), f"{name}: the override is not needed"
+            assert overrides[name].specifier.contains(pins[name]), (overrides[name], pins[name])
+            continue
+        assert req.specifier.contains(pins[name], prereleases=True), (str(req), pins[name])
