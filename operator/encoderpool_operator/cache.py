@@ -40,7 +40,6 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from encoderpool_contracts import CONFIGMAP_PREFIX
 from encoderpool_operator.api import API_VERSION, GROUP, KIND
 from encoderpool_operator.naming import (
-    CHILD_KINDS,
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     LABEL_POOL,
@@ -49,15 +48,13 @@ from encoderpool_operator.naming import (
     Ref,
     replicas_entries,
 )
+from encoderpool_operator.render import FAMILY_KINDS
 
 # (namespace, name) of a pool.
 PoolKey = tuple[str, str]
-# What a pass reads, cached: the pool's children, its width Jobs, the report ConfigMaps.
-CACHED_KINDS: tuple[tuple[str, str], ...] = (
-    *CHILD_KINDS,
-    ("batch/v1", "Job"),
-    ("v1", "ConfigMap"),
-)
+# What a pass reads, cached: the pool's children, its width Jobs, the report ConfigMaps
+# (``kinds.Kind.cached``: not the Secret, never read, nor the width Job's pods).
+CACHED_KINDS: tuple[tuple[str, str], ...] = tuple(k.key for k in FAMILY_KINDS if k.cached)
 T = TypeVar("T")
 
 # Index keys: ("name", namespace, name) for every object, ("pool", namespace, pool)

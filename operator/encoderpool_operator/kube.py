@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Any
 from urllib.parse import urlencode
 
+from encoderpool_operator.kinds import KINDS
 from encoderpool_operator.naming import FIELD_MANAGER
 
 # Every request's (connect, read) timeout: a pass holds its pool's place in the work
@@ -22,24 +23,9 @@ from encoderpool_operator.naming import FIELD_MANAGER
 # retries the pass with back-off) instead.
 REQUEST_TIMEOUT = (5.0, 30.0)
 
-# (apiVersion, kind) -> plural: everything the operator reads or writes.
-PLURALS: dict[tuple[str, str], str] = {
-    ("v1", "ConfigMap"): "configmaps",
-    ("v1", "Service"): "services",
-    ("v1", "ServiceAccount"): "serviceaccounts",
-    ("v1", "Secret"): "secrets",  # create only: the operator never reads a Secret
-    ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
-    ("v1", "Pod"): "pods",
-    ("v1", "Event"): "events",
-    ("apps/v1", "Deployment"): "deployments",
-    ("batch/v1", "Job"): "jobs",
-    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
-    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
-    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
-    ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
-    ("encoderpool.io/v1alpha1", "EncoderPool"): "encoderpools",
-}
+# (apiVersion, kind) -> plural: everything the operator reads or writes (``kinds.KINDS``).
+PLURALS: dict[tuple[str, str], str] = {k.key: k.plural for k in KINDS}
+_NAMESPACED = {k.key: k.namespaced for k in KINDS}
 
 
 class KubeError(RuntimeError):
@@ -59,7 +45,9 @@ def path(
 ) -> str:
     plural = PLURALS[(api_version, kind)]
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    out = f"{base}/namespaces/{namespace}/{plural}"
+    if _NAMESPACED[(api_version, kind)]:
+        base += f"/namespaces/{namespace}"
+    out = f"{base}/{plural}"
     if name:
         out += f"/{name}"
     if subresource:

@@ -1,4 +1,4 @@
-"""What names and marks a pool's children: names, labels, annotation keys, owners, kinds.
+"""What names and marks a pool's children: names, labels, annotation keys, owners.
 
 The render modules stamp these on what they build; the reconcile, the read cache
 and the kopf wiring find children by them. Defined once here so that what is
@@ -43,22 +43,6 @@ FIELD_MANAGER = "encoderpool-operator"
 # The longest object name the children may take (Services and Job names: DNS-1035 labels;
 # a Job's name is also a label value on its pods).
 MAX_CHILD_NAME = 63
-
-# Every kind a pool's workload can hold, (apiVersion, kind): what the reconcile lists
-# (by the pool's label, kept only with the pool as controller) to prune what the spec
-# no longer asks for. Width Jobs and report ConfigMaps have their own rules
-# (reconcile/widths.py).
-CHILD_KINDS: tuple[tuple[str, str], ...] = (
-    ("v1", "PersistentVolumeClaim"),
-    ("v1", "Service"),
-    ("apps/v1", "Deployment"),
-    ("v1", "ServiceAccount"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("networking.k8s.io/v1", "NetworkPolicy"),
-    ("keda.sh/v1alpha1", "ScaledObject"),
-    ("autoscaling/v2", "HorizontalPodAutoscaler"),
-)
 
 
 def selector_labels(pool: EncoderPool, component: str) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """Every permission the operator needs: the one list the Helm chart's RBAC is rendered from.
 
-It lives beside the code whose API calls it grants, so a change to those calls
-and to this list go together. ``python -m encoderpool_codegen.chart
+What it holds on the kinds it reads and writes is declared with each kind
+(``kinds.Kind.grants``, beside the families that render them); kopf's own needs and
+what the operator holds only to grant it are listed here. ``python -m encoderpool_codegen.chart
 charts/encoderpool-operator`` writes it to the chart's files/rbac.json, which
 the templates render (never a hand-kept copy of the rules), and
 tests/chart/test_rbac_chart.py proves the list on the local control plane both ways:
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from encoderpool_operator.api import GROUP, PLURAL
+from encoderpool_operator.kinds import CHILD_KINDS, OPERATOR_KINDS, Kind
 
 Mode = Literal["cluster", "namespace"]
 MODES: tuple[Mode, ...] = ("cluster", "namespace")
@@ -50,11 +51,25 @@ class Permission:
         }
 
 
+def _granted(kinds: tuple[Kind, ...]) -> tuple[Permission, ...]:
+    """The permissions ``kinds`` declare, in their order."""
+    return tuple(
+        Permission(
+            k.group,
+            f"{k.plural}/{g.subresource}" if g.subresource else k.plural,
+            g.verbs,
+            g.why,
+            engine=g.engine,
+        )
+        for k in kinds
+        for g in k.grants
+    )
+
+
 PERMISSIONS: tuple[Permission, ...] = (
+    # ---- the pools (kopf watches them) and the Events a pass posts
+    *_granted(OPERATOR_KINDS),
     # ---- kopf itself
-    Permission(GROUP, PLURAL, ("list", "watch"), "kopf: watch EncoderPools (the read cache)"),
-    Permission(GROUP, f"{PLURAL}/status", ("patch",), "status: conditions, widths, replicas"),
-    Permission("", "events", ("create",), "a pass posts Events: Ready changed, problems"),
     Permission(
         "apiextensions.k8s.io",
         "customresourcedefinitions",
@@ -93,114 +108,8 @@ PERMISSIONS: tuple[Permission, ...] = (
         modes=("namespace",),
         peering_object_only=True,
     ),
-    # ---- children (reconcile/ through kube.Kube): read from kopf's watches (handlers: the
-    # read cache, so list + watch, no get), written by server-side apply, which is a patch
-    # that creates a missing object: the API server then checks create as well.
-    Permission(
-        "apps",
-        "deployments",
-        ("list", "watch", "create", "patch", "delete"),
-        "producer/consumer/router Deployments: cached, a change marks the pool; deleted "
-        "when the spec drops them (the router disabled)",
-    ),
-    Permission(
-        "batch",
-        "jobs",
-        ("list", "watch", "create", "patch", "delete"),
-        "width Jobs: cached (is a Job's name someone else's?), a change marks the pool; "
-        "deleted to retry or when their model is stale",
-    ),
-    Permission(
-        "",
-        "services",
-        ("list", "watch", "create", "patch", "delete"),
-        "producer (headless), consumer, router: cached; deleted when dropped",
-    ),
-    Permission(
-        "",
-        "persistentvolumeclaims",
-        ("list", "watch", "create", "patch", "delete"),
-        "the shared-volume cache PVC: cached; deleted when the pool switches to rdma",
-    ),
-    Permission(
-        "",
-        "configmaps",
-        ("list", "watch", "create", "patch"),
-        "width reports: cached; store what the width Job's pod reported, add this pool as "
-        "an owner, count failed attempts",
-    ),
-    Permission(
-        "",
-        "secrets",
-        ("create",),
-        "each pool's <pool>-internal Secret (random keys: vLLM API key, rdma channel key). "
-        "Create only, never get/list/watch: reading would expose every Secret of the "
-        "namespace; pods get the keys by secretKeyRef",
-    ),
-    Permission(
-        "",
-        "pods",
-        ("list",),
-        "a finished width Job's pod (by controller-uid): its termination message is the report",
-    ),
-    Permission(
-        "",
-        "serviceaccounts",
-        ("list", "watch", "create", "patch", "delete"),
-        "the router's identity: cached; deleted with the router",
-    ),
-    Permission(
-        "rbac.authorization.k8s.io",
-        "roles",
-        ("list", "watch", "create", "patch", "delete"),
-        "the router's Role (EndpointSlices of its pool): cached; deleted with the router",
-    ),
-    Permission(
-        "rbac.authorization.k8s.io",
-        "rolebindings",
-        ("list", "watch", "create", "patch", "delete"),
-        "the router's RoleBinding: cached; deleted with the router",
-    ),
-    Permission(
-        "networking.k8s.io",
-        "networkpolicies",
-        ("list", "watch", "create", "patch", "delete"),
-        "each pool's ingress NetworkPolicies: cached; deleted when spec.networkPolicy is "
-        "turned off",
-    ),
-    Permission(
-        "keda.sh",
-        "scaledobjects",
-        ("list", "watch"),
-        "autoscaling roles' KEDA ScaledObjects: cached, whichever engine (a pool's old "
-        "autoscalers are pruned after the engine changes); their status conditions (Ready, "
-        "Active) are status.autoscaling's",
-    ),
-    Permission(
-        "keda.sh",
-        "scaledobjects",
-        ("create", "patch", "delete"),
-        "each autoscaling role's ScaledObject (engine keda): applied; deleted when the role "
-        "stops autoscaling",
-        engine="keda",
-    ),
-    Permission(
-        "autoscaling",
-        "horizontalpodautoscalers",
-        ("list", "watch"),
-        "autoscaling roles' HorizontalPodAutoscalers, the operator's and those KEDA makes "
-        "for its ScaledObjects: cached, whichever engine (whose each is decides what the "
-        "operator renders); their status (replicas, last scale, conditions) is "
-        "status.autoscaling's",
-    ),
-    Permission(
-        "autoscaling",
-        "horizontalpodautoscalers",
-        ("create", "patch", "delete"),
-        "each autoscaling role's HorizontalPodAutoscaler (engine hpa): applied; deleted when "
-        "the role stops autoscaling",
-        engine="hpa",
-    ),
+    # ---- children (reconcile/ through kube.Kube), and what a pass reads with them
+    *_granted(CHILD_KINDS),
     # ---- held only to grant them (Kubernetes refuses a Role granting what its writer lacks)
     Permission(
         "discovery.k8s.io",

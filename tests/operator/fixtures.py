@@ -19,11 +19,11 @@ from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
 from encoderpool_contracts import DTYPE_BYTES, WidthReport, configmap_name
 from encoderpool_operator.api import EncoderPool
-from encoderpool_operator.naming import CHILD_KINDS, ref_of
+from encoderpool_operator.naming import ref_of
 from encoderpool_operator.reconcile.actions import Action, PatchStatus
 from encoderpool_operator.reconcile.observe import Snapshot
 from encoderpool_operator.reconcile.plan import Plan, plan
-from encoderpool_operator.render import Defaults, Observed, workload_objects
+from encoderpool_operator.render import WORKLOAD_KINDS, Defaults, Observed, workload_objects
 from encoderpool_operator.render.autoscaling import scalers
 from encoderpool_operator.render.widths import report_key, width_job, width_report_configmap
 from tests.waiting import wait_until
@@ -335,8 +335,8 @@ def settled(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def owned_of(live: dict[Any, Any]) -> dict[Any, Any]:
-    """What observe's lists by label return: the children of CHILD_KINDS."""
-    return {ref: obj for ref, obj in live.items() if ref[:2] in CHILD_KINDS}
+    """What observe's lists by label return: the children of WORKLOAD_KINDS."""
+    return {ref: obj for ref, obj in live.items() if ref[:2] in WORKLOAD_KINDS}
 
 
 def settled_snapshot(obj: dict[str, Any], live_from: dict[str, Any] | None = None) -> Snapshot:

@@ -20,7 +20,7 @@ from encoderpool_contracts.signals import (
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.reconcile.actions import Apply, Delete
 from encoderpool_operator.reconcile.plan import plan
-from encoderpool_operator.render import child_refs, workload_objects
+from encoderpool_operator.render import workload_objects
 from encoderpool_operator.render.vllm import DRAIN_SECONDS
 from tests.operator.fixtures import (
     DEFAULTS,
@@ -164,18 +164,6 @@ def test_producer_groups_scale_each_on_their_own_demand() -> None:
     assert (video["minReplicaCount"], video["maxReplicaCount"]) == (1, 5)  # its own
     assert 'group="tiny-producer-video"' in video["triggers"][0]["metadata"]["query"]
     assert video["triggers"][0]["metadata"]["threshold"] == "1"
-
-
-def test_child_refs_name_what_renders() -> None:
-    for defaults in (KEDA, HPA, DEFAULTS):
-        obj = autoscaled(producer={"minReplicas": 1, "maxReplicas": 2})
-        pool = EncoderPool.from_object(obj)
-        refs = sorted(child_refs(pool, defaults))
-        got = sorted(
-            (o["apiVersion"], o["kind"], o["metadata"]["name"])
-            for o in workload_objects(pool, report_of(obj), defaults)
-        )
-        assert refs == got
 
 
 def measured_snapshot(obj: dict[str, Any], defaults: Any = KEDA, scaled_to: int = 1) -> Any:

@@ -27,7 +27,6 @@ from encoderpool_operator.naming import (
     WIDTH_JOB,
     name_of,
     producer_components,
-    ref_of,
     selector_labels,
     width_job_name,
 )
@@ -148,13 +147,6 @@ def test_each_group_s_policy_lets_in_the_router_and_with_rdma_the_consumers(exam
     consumers = {"podSelector": {"matchLabels": selector_labels(pool, "consumer")}}
     rdma = any(consumers in rule.get("from", []) for rule in single)
     assert rdma == (example == "pool-rdma.yaml")
-
-
-@pytest.mark.parametrize("example", ["pool-shared-volume.yaml", "pool-rdma.yaml"])
-def test_child_refs_name_what_the_groups_render(example: str) -> None:
-    pool = grouped(example)
-    rendered = {ref_of(o) for o in render.workload_objects(pool, report_of_pool(pool), DEFAULTS)}
-    assert set(render.child_refs(pool)) == rendered
 
 
 def report_of_pool(pool: EncoderPool) -> Any:

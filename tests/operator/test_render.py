@@ -18,7 +18,6 @@ from encoderpool_contracts.pod import (
     ROUTER_METRICS_PORT,
     ROUTER_PROBE_PORT,
 )
-from encoderpool_operator import render
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.naming import ANNOTATION_CONFIG_HASH, PRODUCER, selector_labels
 from encoderpool_operator.render.pod import hash_seed
@@ -29,13 +28,11 @@ from encoderpool_operator.render.vllm import vllm_deployment
 from encoderpool_operator.render.widths import MEASURE_CONTAINER, width_job
 from encoderpool_router.config import parse_settings
 from tests.operator.fixtures import (
-    DEFAULTS,
     children,
     container,
     flag,
     grouped,
     load,
-    report_for,
 )
 
 
@@ -146,19 +143,6 @@ def test_the_width_job_has_no_api_access_and_reports_through_its_termination_mes
     assert c["terminationMessagePath"] == "/dev/termination-log"
     assert c["terminationMessagePolicy"] == "File"  # the report, never a log tail
     assert c["args"][c["args"].index("--output-file") + 1] == "/dev/termination-log"
-
-
-def test_child_refs_name_what_the_workload_renders() -> None:
-    """The reconcile reads children by these refs before it knows the report."""
-    for example in ("pool-shared-volume.yaml", "pool-rdma.yaml"):
-        pool = load(example)
-        for router in (True, False):
-            raw = pool.model_dump(by_alias=True, exclude={"status"})
-            raw["spec"]["router"]["enabled"] = router
-            variant = EncoderPool.from_object(raw)
-            rendered = render.workload_objects(variant, report_for(raw), DEFAULTS)
-            refs = [(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in rendered]
-            assert sorted(render.child_refs(variant)) == sorted(refs)
 
 
 def test_pod_template_overrides_merge_over_the_rendered_pod() -> None:

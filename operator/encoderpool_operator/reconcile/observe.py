@@ -19,7 +19,6 @@ from encoderpool_contracts import configmap_name
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.cache import Reader, controller_uid
 from encoderpool_operator.naming import (
-    CHILD_KINDS,
     LABEL_COMPONENT,
     LABEL_POOL,
     WIDTH_JOB,
@@ -28,7 +27,7 @@ from encoderpool_operator.naming import (
     width_job_name,
 )
 from encoderpool_operator.reconcile.widths import job_state, parse_report
-from encoderpool_operator.render import Defaults, child_refs
+from encoderpool_operator.render import WORKLOAD_KINDS, Defaults, child_refs
 from encoderpool_operator.render.autoscaling import keda_hpa_refs
 from encoderpool_operator.render.widths import report_key
 
@@ -52,7 +51,7 @@ class Snapshot:
     # ScaledObjects, and the width Job while there is no report): the live object,
     # whoever owns it, or None.
     live: Mapping[Ref, Mapping[str, Any] | None] = field(default_factory=dict)
-    # Every object of ``naming.CHILD_KINDS`` this pool controls, wanted or not (for pruning).
+    # Every object of ``render.WORKLOAD_KINDS`` this pool controls, wanted or not (for pruning).
     owned: Mapping[Ref, Mapping[str, Any]] = field(default_factory=dict)
     # When this operator last wrote the pool's status (its memory; None: not since start).
     status_written_at: datetime | None = None
@@ -114,7 +113,7 @@ def observe(kube: Reader, obj: Mapping[str, Any], defaults: Defaults | None = No
     report_cm = kube.get("v1", "ConfigMap", ns, configmap_name(key))
     pool_selector = f"{LABEL_POOL}={pool.name}"
     owned: dict[Ref, Mapping[str, Any]] = {}
-    for api_version, kind in CHILD_KINDS:
+    for api_version, kind in WORKLOAD_KINDS:
         for item in kube.list(api_version, kind, ns, pool_selector):
             if controller_uid(item) == uid:  # a list's items carry no apiVersion/kind
                 owned[(api_version, kind, item["metadata"]["name"])] = {

@@ -6,7 +6,8 @@ its controller owner (so deleting the pool deletes them), the
 ``app.kubernetes.io/*`` labels (all three from ``naming``), and only the
 fields we mean to own (they are server-side applied).
 
-One module per family of children:
+One module per family of children, each ending with its ``FAMILY`` (the kinds it
+renders, its objects and their refs: ``family.Family``):
 
     transport  what differs between sharedVolume and rdma (the one place that asks)
     vllm       producer and consumer Deployments and Services, vLLM's args
@@ -18,63 +19,68 @@ One module per family of children:
 
     autoscaling  each autoscaling role's ScaledObject or HorizontalPodAutoscaler
 
-A new family is a module of its own, added to ``workload_objects`` and
-``child_refs`` below and its kinds to ``naming.CHILD_KINDS`` (so that the
-reconcile prunes them).
+``FAMILIES`` lists them; ``workload_objects``, ``child_refs``, ``WORKLOAD_KINDS`` (what
+the reconcile prunes) and ``FAMILY_KINDS`` (what the read cache keeps) derive from it.
+A new family is a module of its own and one entry there; a new kind is a
+``kinds.Kind`` its family names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from encoderpool_contracts import WidthReport
 from encoderpool_operator.api import EncoderPool
-from encoderpool_operator.naming import (
-    ANNOTATION_DIGEST,
-    CACHE,
-    CONSUMER,
-    Ref,
-    config_hash,
-    name_of,
-    producer_components,
-    ref_of,
+from encoderpool_operator.kinds import Kind
+from encoderpool_operator.naming import ANNOTATION_DIGEST, Ref, config_hash
+from encoderpool_operator.render import (
+    autoscaling,
+    network,
+    router,
+    secret,
+    transport,
+    vllm,
+    widths,
 )
-from encoderpool_operator.render.autoscaling import (
-    Engine,
-    autoscaler_objects,
-    autoscaler_refs,
+from encoderpool_operator.render.family import Defaults, Family, Inputs, Observed
+
+__all__ = [
+    "FAMILIES",
+    "FAMILY_KINDS",
+    "WORKLOAD_KINDS",
+    "Defaults",
+    "Family",
+    "Observed",
+    "child_refs",
+    "with_digest",
+    "workload_objects",
+]
+
+# Every family, the workload's in apply order (the PVC and Services before the
+# Deployments that use them, a Deployment before its autoscaler).
+FAMILIES: tuple[Family, ...] = (
+    transport.FAMILY,
+    vllm.FAMILY,
+    router.FAMILY,
+    network.FAMILY,
+    autoscaling.FAMILY,
+    widths.FAMILY,
+    secret.FAMILY,
 )
-from encoderpool_operator.render.network import network_policies
-from encoderpool_operator.render.router import router_objects, router_refs
-from encoderpool_operator.render.transport import cache_claim
-from encoderpool_operator.render.vllm import vllm_deployments, vllm_services
-
-__all__ = ["Defaults", "Observed", "child_refs", "with_digest", "workload_objects"]
+_WORKLOAD = tuple(f for f in FAMILIES if f.workload)
 
 
-@dataclass(frozen=True)
-class Observed:
-    """What rendering takes from the live world, read by the plan, so that rendering
-    stays a pure function of its arguments."""
-
-    # The pool's own Deployments by name: an autoscaling role keeps its live replicas
-    # applied until its autoscaler holds them (render.vllm.deployment_replicas).
-    deployments: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    # Components whose autoscaler is not rendered: its Deployment, or a name it needs,
-    # is not the pool's (reconcile.scaling.withheld_autoscalers).
-    withheld: frozenset[str] = frozenset()
+def _kinds(families: tuple[Family, ...]) -> tuple[Kind, ...]:
+    return tuple(dict.fromkeys(k for f in families for k in f.kinds))
 
 
-@dataclass(frozen=True)
-class Defaults:
-    """Operator-wide settings a reconcile needs (from OperatorSettings)."""
-
-    router_image: str
-    width_retry_seconds: float = 30.0  # first back-off after a failed width Job
-    autoscaling_engine: Engine = "keda"  # what drives autoscaling roles
-    prometheus_address: str | None = None  # what KEDA queries (the cluster's Prometheus)
+# Every kind the families render or read, in the order of FAMILIES.
+FAMILY_KINDS: tuple[Kind, ...] = _kinds(FAMILIES)
+# Every kind a pool's workload can hold, (apiVersion, kind): what the reconcile lists
+# (by the pool's label, kept only with the pool as controller) to prune what the spec
+# no longer asks for. Width Jobs and report ConfigMaps have their own rules
+# (reconcile/widths.py).
+WORKLOAD_KINDS: tuple[tuple[str, str], ...] = tuple(k.key for k in _kinds(_WORKLOAD))
 
 
 def with_digest(obj: dict[str, Any]) -> dict[str, Any]:
@@ -91,22 +97,8 @@ def workload_objects(
 ) -> list[dict[str, Any]]:
     """Everything that serves traffic, for a measured model: in apply order, each with
     its digest."""
-    observed = observed or Observed()
-    config = pool.spec.connector_config(
-        report.fingerprint, report.encoder_output_widths, report.identity
-    )
-    claim = cache_claim(pool)
-    objects = [
-        *([claim] if claim is not None else []),
-        *vllm_services(pool),
-        *vllm_deployments(pool, config, observed.deployments),
-        *router_objects(pool, defaults.router_image, report.encode_seconds),
-        *network_policies(pool),
-        *autoscaler_objects(
-            pool, defaults.autoscaling_engine, defaults.prometheus_address, observed.withheld
-        ),
-    ]
-    return [with_digest(o) for o in objects]
+    inputs = Inputs(report, defaults, observed or Observed())
+    return [with_digest(o) for f in _WORKLOAD if f.objects for o in f.objects(pool, inputs)]
 
 
 def child_refs(
@@ -114,21 +106,8 @@ def child_refs(
 ) -> list[Ref]:
     """(apiVersion, kind, name) of what ``workload_objects`` returns, without a report.
 
-    The reconcile reads these before it knows the report; a test keeps the two in step.
-    Without ``defaults`` no autoscaler is named (as for KEDA with no Prometheus).
+    The reconcile reads these before it knows the report; tests/operator/test_registry.py
+    keeps each family's refs and objects in step. Without ``defaults`` no autoscaler is
+    named (as for KEDA with no Prometheus).
     """
-    refs: list[Ref] = []
-    if cache_claim(pool) is not None:
-        refs.append(("v1", "PersistentVolumeClaim", name_of(pool, CACHE)))
-    producers = [name_of(pool, c) for c, _ in producer_components(pool)]
-    refs += [("v1", "Service", name) for name in producers]
-    refs.append(("v1", "Service", name_of(pool, CONSUMER)))
-    refs += [("apps/v1", "Deployment", name) for name in producers]
-    refs.append(("apps/v1", "Deployment", name_of(pool, CONSUMER)))
-    refs += router_refs(pool)
-    refs += [ref_of(p) for p in network_policies(pool)]
-    if defaults is not None:
-        refs += autoscaler_refs(
-            pool, defaults.autoscaling_engine, defaults.prometheus_address, withheld
-        )
-    return refs
+    return [r for f in _WORKLOAD if f.refs for r in f.refs(pool, defaults, withheld)]

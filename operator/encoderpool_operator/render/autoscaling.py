@@ -36,6 +36,7 @@ from encoderpool_operator.api.autoscaling import (
     Autoscaling,
     ScalingRate,
 )
+from encoderpool_operator.kinds import HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT
 from encoderpool_operator.naming import (
     CONSUMER,
     ROUTER,
@@ -45,11 +46,10 @@ from encoderpool_operator.naming import (
     name_of,
     producer_components,
 )
+from encoderpool_operator.render.family import Defaults, Family, Inputs
 
 Engine = Literal["keda", "hpa"]
 ENGINES: tuple[Engine, ...] = ("keda", "hpa")
-KEDA_API = "keda.sh/v1alpha1"
-HPA_API = "autoscaling/v2"
 # The window the rates are taken over: at least four samples at a 15 s scrape interval.
 RATE_WINDOW = "1m"
 # The window of the wake signal (items that found no producer): a group woken from zero
@@ -237,7 +237,7 @@ def scaled_object(pool: EncoderPool, scaler: Scaler, prometheus: str) -> dict[st
     """
     s = scaler.settings
     return {
-        "apiVersion": KEDA_API,
+        "apiVersion": SCALED_OBJECT.api_version,
         "kind": "ScaledObject",
         "metadata": child_meta(pool, scaler.deployment, scaler.component),
         "spec": {
@@ -279,7 +279,7 @@ def horizontal_pod_autoscaler(pool: EncoderPool, scaler: Scaler) -> dict[str, An
     """A plain HPA on External metrics (AverageValue: the metric over the pods)."""
     s = scaler.settings
     return {
-        "apiVersion": HPA_API,
+        "apiVersion": HORIZONTAL_POD_AUTOSCALER.api_version,
         "kind": "HorizontalPodAutoscaler",
         "metadata": child_meta(pool, scaler.deployment, scaler.component),
         "spec": {
@@ -334,13 +334,13 @@ def autoscaler_objects(
 def scaler_ref(engine: Engine, scaler: Scaler) -> Ref:
     """(apiVersion, kind, name) of ``scaler``'s autoscaler with ``engine``."""
     if engine == "hpa":
-        return (HPA_API, "HorizontalPodAutoscaler", scaler.name)
-    return (KEDA_API, "ScaledObject", scaler.name)
+        return HORIZONTAL_POD_AUTOSCALER.ref(scaler.name)
+    return SCALED_OBJECT.ref(scaler.name)
 
 
 def hpa_ref(scaler: Scaler) -> Ref:
     """The HorizontalPodAutoscaler that drives ``scaler``'s Deployment (either engine's)."""
-    return (HPA_API, "HorizontalPodAutoscaler", scaler.hpa_name)
+    return HORIZONTAL_POD_AUTOSCALER.ref(scaler.hpa_name)
 
 
 def autoscaler_refs(
@@ -377,3 +377,19 @@ def autoscaling_problem(pool: EncoderPool, engine: Engine, prometheus: str | Non
                 "install KEDA and set the chart's autoscaling.engine to keda"
             )
     return None
+
+
+def _objects(pool: EncoderPool, inputs: Inputs) -> list[dict[str, Any]]:
+    d = inputs.defaults
+    return autoscaler_objects(
+        pool, d.autoscaling_engine, d.prometheus_address, inputs.observed.withheld
+    )
+
+
+def _refs(pool: EncoderPool, defaults: Defaults | None, withheld: frozenset[str]) -> list[Ref]:
+    if defaults is None:
+        return []
+    return autoscaler_refs(pool, defaults.autoscaling_engine, defaults.prometheus_address, withheld)
+
+
+FAMILY = Family("autoscaling", (SCALED_OBJECT, HORIZONTAL_POD_AUTOSCALER), _objects, _refs)

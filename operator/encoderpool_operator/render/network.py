@@ -6,16 +6,20 @@ from typing import Any
 
 from encoderpool_contracts.pod import HTTP_PORT, ROUTER_METRICS_PORT
 from encoderpool_operator.api import EncoderPool
+from encoderpool_operator.kinds import NETWORK_POLICY
 from encoderpool_operator.naming import (
     CONSUMER,
     ROUTER,
     WIDTH_JOB,
+    Ref,
     child_meta,
     name_of,
     producer_components,
+    ref_of,
     selector_labels,
 )
 from encoderpool_operator.render import transport
+from encoderpool_operator.render.family import Defaults, Family, Inputs
 
 
 def _network_policy(pool: EncoderPool, component: str, ingress: list[Any]) -> dict[str, Any]:
@@ -74,3 +78,14 @@ def network_policies(pool: EncoderPool) -> list[dict[str, Any]]:
             router.append(allow(scrapers, ports=[{"protocol": "TCP", "port": ROUTER_METRICS_PORT}]))
         out.append(_network_policy(pool, ROUTER, router))
     return out
+
+
+def _objects(pool: EncoderPool, _: Inputs) -> list[dict[str, Any]]:
+    return network_policies(pool)
+
+
+def _refs(pool: EncoderPool, _: Defaults | None, __: frozenset[str]) -> list[Ref]:
+    return [ref_of(p) for p in network_policies(pool)]
+
+
+FAMILY = Family("network", (NETWORK_POLICY,), _objects, _refs)

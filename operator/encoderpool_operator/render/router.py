@@ -19,10 +19,18 @@ from encoderpool_contracts.router_args import (
     encode_seconds_value,
 )
 from encoderpool_operator.api import EncoderPool
+from encoderpool_operator.kinds import (
+    DEPLOYMENT,
+    ROLE,
+    ROLE_BINDING,
+    SERVICE,
+    SERVICE_ACCOUNT,
+)
 from encoderpool_operator.naming import (
     CONSUMER,
     PRODUCER,
     ROUTER,
+    Ref,
     child_meta,
     group_component,
     labels,
@@ -31,6 +39,7 @@ from encoderpool_operator.naming import (
     selector_labels,
 )
 from encoderpool_operator.render import transport
+from encoderpool_operator.render.family import Defaults, Family, Inputs
 from encoderpool_operator.render.pod import (
     ALL_INTERFACES,
     RESTRICTED_CONTAINER,
@@ -63,17 +72,17 @@ def router_services(pool: EncoderPool) -> list[str]:
     return [*(name_of(pool, c) for c, _ in producer_components(pool)), name_of(pool, CONSUMER)]
 
 
-def router_refs(pool: EncoderPool) -> list[tuple[str, str, str]]:
+def router_refs(pool: EncoderPool) -> list[Ref]:
     """(apiVersion, kind, name) of what ``router_objects`` returns, in its order."""
     if not pool.spec.router.enabled:
         return []
     name = name_of(pool, ROUTER)
     return [
-        ("v1", "ServiceAccount", name),
-        ("rbac.authorization.k8s.io/v1", "Role", name),
-        ("rbac.authorization.k8s.io/v1", "RoleBinding", name),
-        ("apps/v1", "Deployment", name),
-        ("v1", "Service", pool.name),
+        SERVICE_ACCOUNT.ref(name),
+        ROLE.ref(name),
+        ROLE_BINDING.ref(name),
+        DEPLOYMENT.ref(name),
+        SERVICE.ref(pool.name),
     ]
 
 
@@ -252,3 +261,16 @@ def router_endpoint(pool: EncoderPool) -> str | None:
     if not pool.spec.router.enabled:
         return None
     return f"http://{pool.name}.{pool.namespace}.svc:{pool.spec.router.port}"
+
+
+def _objects(pool: EncoderPool, inputs: Inputs) -> list[dict[str, Any]]:
+    return router_objects(pool, inputs.defaults.router_image, inputs.report.encode_seconds)
+
+
+def _refs(pool: EncoderPool, _: Defaults | None, __: frozenset[str]) -> list[Ref]:
+    return router_refs(pool)
+
+
+FAMILY = Family(
+    "router", (SERVICE_ACCOUNT, ROLE, ROLE_BINDING, DEPLOYMENT, SERVICE), _objects, _refs
+)

@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from encoderpool_operator.api import EncoderPool
+from encoderpool_operator.kinds import SECRET
 from encoderpool_operator.naming import INTERNAL, child_meta, name_of
+from encoderpool_operator.render.family import Family
 
 VLLM_API_KEY_KEY = "vllm-api-key"  # the router's key toward producers and consumers
 CHANNEL_KEY_KEY = "channel-key"  # the pool key: rdma messages, shared-volume entries
@@ -33,3 +35,8 @@ def internal_key_env(pool: EncoderPool, env: str, key: str) -> dict[str, Any]:
         "name": env,
         "valueFrom": {"secretKeyRef": {"name": name_of(pool, INTERNAL), "key": key}},
     }
+
+
+# Created with its random data before the first Deployment, never applied or read
+# (``reconcile.plan.with_internal_secret``).
+FAMILY = Family("secret", (SECRET,), rendered_by="reconcile/plan.py")

@@ -22,7 +22,9 @@ from typing import Any
 from encoderpool_contracts import ADVERTISE_HOST_ENV
 from encoderpool_contracts.pod import CACHE_DIR_ENV, VOLUME_METRICS_MIDDLEWARE
 from encoderpool_operator.api import EncoderPool
-from encoderpool_operator.naming import CACHE, child_meta, name_of
+from encoderpool_operator.kinds import PERSISTENT_VOLUME_CLAIM
+from encoderpool_operator.naming import CACHE, Ref, child_meta, name_of, ref_of
+from encoderpool_operator.render.family import Defaults, Family, Inputs
 
 # How long the router trusts that an item a producer encoded is still on the shared
 # volume (router flag --reuse-encoded-s).
@@ -116,3 +118,15 @@ def router_reuse_encoded_s(pool: EncoderPool) -> int | None:
     entry evicted meanwhile is only a miss: the consumer encodes. Not for rdma:
     consumers need the producer's transfer coordinates."""
     return ROUTER_REUSE_SECONDS if pool.spec.connector.shared_volume else None
+
+
+def _claims(pool: EncoderPool, _: Inputs | None = None) -> list[dict[str, Any]]:
+    claim = cache_claim(pool)
+    return [claim] if claim is not None else []
+
+
+def _claim_refs(pool: EncoderPool, _: Defaults | None, __: frozenset[str]) -> list[Ref]:
+    return [ref_of(c) for c in _claims(pool)]
+
+
+FAMILY = Family("transport", (PERSISTENT_VOLUME_CLAIM,), _claims, _claim_refs)

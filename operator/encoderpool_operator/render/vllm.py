@@ -22,11 +22,13 @@ from encoderpool_contracts import (
 from encoderpool_contracts.pod import CONNECTOR_CLASSES, HTTP_PORT
 from encoderpool_contracts.router_args import PRODUCER_TIMEOUT_S
 from encoderpool_operator.api import EncoderPool, RoleSpec
+from encoderpool_operator.kinds import DEPLOYMENT, SERVICE
 from encoderpool_operator.naming import (
     ANNOTATION_CONFIG_HASH,
     CONSUMER,
     FIELD_MANAGER,
     PRODUCER,
+    Ref,
     child_meta,
     config_hash,
     labels,
@@ -36,6 +38,7 @@ from encoderpool_operator.naming import (
     selector_labels,
 )
 from encoderpool_operator.render import transport
+from encoderpool_operator.render.family import Defaults, Family, Inputs
 from encoderpool_operator.render.pod import (
     ALL_INTERFACES,
     RESTRICTED_CONTAINER,
@@ -304,3 +307,19 @@ def vllm_deployment(
             "template": template,
         },
     }
+
+
+def _objects(pool: EncoderPool, inputs: Inputs) -> list[dict[str, Any]]:
+    report = inputs.report
+    config = pool.spec.connector_config(
+        report.fingerprint, report.encoder_output_widths, report.identity
+    )
+    return [*vllm_services(pool), *vllm_deployments(pool, config, inputs.observed.deployments)]
+
+
+def _refs(pool: EncoderPool, _: Defaults | None, __: frozenset[str]) -> list[Ref]:
+    names = [*(name_of(pool, c) for c, _ in producer_components(pool)), name_of(pool, CONSUMER)]
+    return [*(SERVICE.ref(n) for n in names), *(DEPLOYMENT.ref(n) for n in names)]
+
+
+FAMILY = Family("vllm", (SERVICE, DEPLOYMENT), _objects, _refs)

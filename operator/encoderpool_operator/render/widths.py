@@ -15,6 +15,7 @@ from typing import Any
 from encoderpool_contracts import CONFIGMAP_KEY, LABEL_FINGERPRINT, ModelIdentity, configmap_name
 from encoderpool_contracts.pod import MEASURE_MODULE
 from encoderpool_operator.api import EncoderPool
+from encoderpool_operator.kinds import CONFIG_MAP, JOB, POD
 from encoderpool_operator.naming import (
     ANNOTATION_REPORT_DIGEST,
     LABEL_COMPONENT,
@@ -29,6 +30,7 @@ from encoderpool_operator.naming import (
     report_owner_reference,
     width_job_name,
 )
+from encoderpool_operator.render.family import Family
 from encoderpool_operator.render.pod import (
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
@@ -206,3 +208,7 @@ def width_job(pool: EncoderPool, identity: ModelIdentity, key: str) -> dict[str,
             "template": {"metadata": {"labels": job_labels}, "spec": pod_spec},
         },
     }
+
+
+# The Job, the report it leads to, and the Job's pods (read for its termination message).
+FAMILY = Family("widths", (JOB, CONFIG_MAP, POD), rendered_by="reconcile/widths.py")
