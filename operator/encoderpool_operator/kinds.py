@@ -20,6 +20,10 @@ from typing import Literal
 from encoderpool_operator.api import API_VERSION, KIND, PLURAL
 from encoderpool_operator.naming import Ref
 
+# What drives autoscaling roles (the chart's autoscaling.engine): KEDA's ScaledObjects or
+# plain HorizontalPodAutoscalers.
+Engine = Literal["keda", "hpa"]
+ENGINES: tuple[Engine, ...] = ("keda", "hpa")
 # The verbs on a kind a pass reads from the read cache (kopf's watches fill it: list and
 # watch, no get) and writes by server-side apply, which is a patch that creates a missing
 # object (the API server then checks create as well), deleting what the spec drops.
@@ -34,8 +38,8 @@ class Grant:
     verbs: tuple[str, ...]
     why: str
     subresource: str = ""
-    # Granted only with this autoscaling engine (the chart's autoscaling.engine).
-    engine: Literal["keda", "hpa"] | None = None
+    # Granted only with this autoscaling engine.
+    engine: Engine | None = None
 
 
 @dataclass(frozen=True)

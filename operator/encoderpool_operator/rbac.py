@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from encoderpool_operator.kinds import CHILD_KINDS, OPERATOR_KINDS, Kind
+from encoderpool_operator.kinds import CHILD_KINDS, OPERATOR_KINDS, Engine, Kind
 
 Mode = Literal["cluster", "namespace"]
 MODES: tuple[Mode, ...] = ("cluster", "namespace")
@@ -38,7 +38,7 @@ class Permission:
     # Held only so the operator may grant it to a child's Role; the operator never calls it.
     delegated: bool = False
     # Granted only with this autoscaling engine (the chart's autoscaling.engine).
-    engine: Literal["keda", "hpa"] | None = None
+    engine: Engine | None = None
 
     def rule(self) -> dict[str, Any]:
         return {

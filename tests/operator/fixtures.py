@@ -21,8 +21,8 @@ from encoderpool_contracts import DTYPE_BYTES, WidthReport, configmap_name
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.naming import ref_of
 from encoderpool_operator.reconcile.actions import Action, PatchStatus
-from encoderpool_operator.reconcile.observe import Snapshot
 from encoderpool_operator.reconcile.plan import Plan, plan
+from encoderpool_operator.reconcile.snapshot import Snapshot
 from encoderpool_operator.render import WORKLOAD_KINDS, Defaults, Observed, workload_objects
 from encoderpool_operator.render.autoscaling import scalers
 from encoderpool_operator.render.widths import report_key, width_job, width_report_configmap

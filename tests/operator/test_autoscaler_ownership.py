@@ -14,8 +14,8 @@ import pytest
 from encoderpool_operator.api import EncoderPool, EncoderPoolStatus, RoleSpec
 from encoderpool_operator.naming import FIELD_MANAGER
 from encoderpool_operator.reconcile.actions import Apply, Delete
-from encoderpool_operator.reconcile.observe import Snapshot
 from encoderpool_operator.reconcile.plan import plan
+from encoderpool_operator.reconcile.snapshot import Snapshot
 from encoderpool_operator.render.vllm import deployment_replicas
 from tests.operator.fixtures import (
     DEFAULTS,

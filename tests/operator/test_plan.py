@@ -28,8 +28,8 @@ from encoderpool_operator.reconcile.actions import (
     MergePatch,
     PatchStatus,
 )
-from encoderpool_operator.reconcile.observe import Snapshot
 from encoderpool_operator.reconcile.plan import PROGRESS_SECONDS, Plan, plan
+from encoderpool_operator.reconcile.snapshot import Snapshot
 from encoderpool_operator.reconcile.widths import ANNOTATION_FAILURES, MEASURING_POLL_SECONDS
 from encoderpool_operator.render.widths import (
     report_digest,

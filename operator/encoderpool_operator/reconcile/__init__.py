@@ -1,6 +1,6 @@
 """One level-triggered reconcile of an EncoderPool, in three steps:
 
-    observe  (observe.py)  every read of the pass, into one Snapshot
+    observe  (observe.py)  every read of the pass, into one Snapshot (snapshot.py)
     plan     (plan.py)     pure: Snapshot + now -> actions, status, requeue
                            (widths.py decides the width report; compare.py what differs)
     act      (act.py)      the writes, in order (actions.py says what they can be)

@@ -1,31 +1,23 @@
 """Observe: every read of one pass, done before any decision, into one ``Snapshot``.
 
 Reading everything first means the plan sees one consistent picture and can
-be tested without a cluster: a test builds a ``Snapshot`` by hand. Reads that
-depend on earlier reads stay here too (a completed width Job's pods are read
-only when its report is not in the ConfigMap yet), so the plan never asks for
-more.
+be tested without a cluster: a test builds a ``Snapshot`` (snapshot.py) by hand.
+Reads that depend on earlier reads stay here too (a completed width Job's pods
+are read only when its report is not in the ConfigMap yet), so the plan never
+asks for more.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from datetime import datetime
-from functools import cached_property
+from dataclasses import replace
 from typing import Any
 
 from encoderpool_contracts import configmap_name
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.cache import Reader, controller_uid
-from encoderpool_operator.naming import (
-    LABEL_COMPONENT,
-    LABEL_POOL,
-    WIDTH_JOB,
-    Ref,
-    name_of,
-    width_job_name,
-)
+from encoderpool_operator.naming import LABEL_COMPONENT, LABEL_POOL, WIDTH_JOB, Ref
+from encoderpool_operator.reconcile.snapshot import Snapshot
 from encoderpool_operator.reconcile.widths import job_state, parse_report
 from encoderpool_operator.render import WORKLOAD_KINDS, Defaults, child_refs
 from encoderpool_operator.render.autoscaling import keda_hpa_refs
@@ -34,67 +26,6 @@ from encoderpool_operator.render.widths import report_key
 # The label the Job controller puts on each of a Job's pods: the Job's uid, so the
 # pods of a deleted and recreated Job of the same name are never mistaken for its own.
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What one pass knows about one pool and its children, as read from the API server."""
-
-    pool: EncoderPool
-    fingerprint: str
-    report_cm: Mapping[str, Any] | None = None
-    # This pool's width Jobs (controlled by it), of any model (the current one among them).
-    width_jobs: tuple[Mapping[str, Any], ...] = ()
-    # Pods of the current width Job: read only once it completed and no report is stored.
-    job_pods: tuple[Mapping[str, Any], ...] = ()
-    # Each object the spec names (``render.child_refs``, the HPAs KEDA makes for the
-    # ScaledObjects, and the width Job while there is no report): the live object,
-    # whoever owns it, or None.
-    live: Mapping[Ref, Mapping[str, Any] | None] = field(default_factory=dict)
-    # Every object of ``render.WORKLOAD_KINDS`` this pool controls, wanted or not (for pruning).
-    owned: Mapping[Ref, Mapping[str, Any]] = field(default_factory=dict)
-    # When this operator last wrote the pool's status (its memory; None: not since start).
-    status_written_at: datetime | None = None
-
-    @cached_property
-    def report_key(self) -> str:
-        """What the width report and Job are named by (``render.widths.report_key``)."""
-        return report_key(self.pool)
-
-    @property
-    def job_name(self) -> str:
-        return width_job_name(self.pool, self.report_key)
-
-    @property
-    def job(self) -> Mapping[str, Any] | None:
-        """The width Job of the current model, if it exists."""
-        return next((j for j in self.width_jobs if j["metadata"]["name"] == self.job_name), None)
-
-    def ours(self, obj: Mapping[str, Any] | None) -> bool:
-        return obj is not None and controller_uid(obj) == self.pool.metadata.get("uid")
-
-    def made_by_ours(self, obj: Mapping[str, Any] | None) -> bool:
-        """Controlled by one of the pool's children (the HPA KEDA makes for a ScaledObject
-        of the pool's): the pool's too, one step removed."""
-        uid = controller_uid(obj) if obj is not None else None
-        return bool(uid) and any(uid == c["metadata"].get("uid") for c in self.owned.values())
-
-    def child(self, ref: Ref) -> Mapping[str, Any] | None:
-        return self.live.get(ref)
-
-    def deployment(self, component: str) -> Mapping[str, Any] | None:
-        """This pool's Deployment of ``component`` (never a foreign one of the same name)."""
-        dep = self.child(("apps/v1", "Deployment", name_of(self.pool, component)))
-        return dep if self.ours(dep) else None
-
-    def foreign(self) -> list[Ref]:
-        """Objects with a child's name that neither this pool nor a child of it controls:
-        never touched."""
-        return sorted(
-            ref
-            for ref, obj in self.live.items()
-            if obj is not None and not self.ours(obj) and not self.made_by_ours(obj)
-        )
 
 
 def observe(kube: Reader, obj: Mapping[str, Any], defaults: Defaults | None = None) -> Snapshot:

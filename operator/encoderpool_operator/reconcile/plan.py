@@ -64,12 +64,12 @@ from encoderpool_operator.reconcile.actions import (
     PatchStatus,
 )
 from encoderpool_operator.reconcile.compare import is_subset
-from encoderpool_operator.reconcile.observe import Snapshot
 from encoderpool_operator.reconcile.scaling import (
     autoscaling_status,
     conflict_text,
     withheld_autoscalers,
 )
+from encoderpool_operator.reconcile.snapshot import Snapshot
 from encoderpool_operator.reconcile.widths import plan_widths
 from encoderpool_operator.render import Defaults, Observed, child_refs, workload_objects
 from encoderpool_operator.render.autoscaling import autoscaling_problem

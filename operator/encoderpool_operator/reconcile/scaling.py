@@ -21,7 +21,7 @@ from typing import Any
 
 from encoderpool_operator.api import AutoscalerStatus
 from encoderpool_operator.api.status import REASON_PATTERN
-from encoderpool_operator.reconcile.observe import Snapshot
+from encoderpool_operator.reconcile.snapshot import Snapshot
 from encoderpool_operator.render import Defaults
 from encoderpool_operator.render.autoscaling import (
     Scaler,

@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -44,6 +44,7 @@ from encoderpool_operator.naming import (
 )
 from encoderpool_operator.reconcile.actions import Action, Apply, Create, Delete, MergePatch
 from encoderpool_operator.reconcile.compare import is_subset
+from encoderpool_operator.reconcile.snapshot import Snapshot
 from encoderpool_operator.render.widths import (
     MEASURE_CONTAINER,
     TERMINATION_LOG,
@@ -51,9 +52,6 @@ from encoderpool_operator.render.widths import (
     width_job,
     width_report_configmap,
 )
-
-if TYPE_CHECKING:
-    from encoderpool_operator.reconcile.observe import Snapshot
 
 # Failed attempts of the current model's Job, kept on the report ConfigMap so the
 # count survives the Job, which is deleted to retry.

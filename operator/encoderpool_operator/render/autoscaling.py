@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Set
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from encoderpool_contracts.signals import (
     ENCODER_INFLIGHT_SECONDS,
@@ -36,7 +36,7 @@ from encoderpool_operator.api.autoscaling import (
     Autoscaling,
     ScalingRate,
 )
-from encoderpool_operator.kinds import HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT
+from encoderpool_operator.kinds import HORIZONTAL_POD_AUTOSCALER, SCALED_OBJECT, Engine
 from encoderpool_operator.naming import (
     CONSUMER,
     ROUTER,
@@ -48,8 +48,6 @@ from encoderpool_operator.naming import (
 )
 from encoderpool_operator.render.family import Defaults, Family, Inputs
 
-Engine = Literal["keda", "hpa"]
-ENGINES: tuple[Engine, ...] = ("keda", "hpa")
 # The window the rates are taken over: at least four samples at a 15 s scrape interval.
 RATE_WINDOW = "1m"
 # The window of the wake signal (items that found no producer): a group woken from zero

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from encoderpool_contracts import WidthReport
 from encoderpool_operator.api import EncoderPool
-from encoderpool_operator.kinds import Kind
+from encoderpool_operator.kinds import Engine, Kind
 from encoderpool_operator.naming import Ref
-
-if TYPE_CHECKING:
-    from encoderpool_operator.render.autoscaling import Engine
 
 
 @dataclass(frozen=True)
