@@ -23,7 +23,7 @@ width Job's image come from the same release.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field, model_validator
 
@@ -130,6 +130,47 @@ class WidthReport(Frozen):
         if not data or CONFIGMAP_KEY not in data:
             raise ValueError(f"ConfigMap has no {CONFIGMAP_KEY!r} key")
         return cls.model_validate_json(data[CONFIGMAP_KEY])
+
+
+# Where a container's termination message goes (the kubelet's default path, rendered
+# explicitly) and the env var that tells the connector to write its refusal there: absent
+# outside a pod, so a connector started by hand never writes into /dev.
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LOG_ENV = "ENCODERPOOL_TERMINATION_LOG"
+WIDTH_MISMATCH: Final = "WidthMismatch"
+
+
+class WidthMismatch(Frozen):
+    """Why a vLLM pod refused to start: the encoder its vLLM loaded emits other widths
+    than the pool's width report names (vLLM measures them at start-up, as the width Job
+    did). The connector writes it as the container's termination message; the operator
+    reads it from the pod, so a stale or foreign report is a condition on the pool, not a
+    crash loop to dig through. Bounded like the report: it is read from a pod status."""
+
+    reason: Literal["WidthMismatch"] = "WidthMismatch"  # WIDTH_MISMATCH
+    version: Literal[1] = 1
+    fingerprint: str = Field(pattern=r"^[0-9a-f]{16}$")
+    configured: dict[Modality, Annotated[int, Field(ge=1, le=MAX_WIDTH)]] = Field(
+        max_length=MAX_MODALITIES, description="The widths the report (the config) names."
+    )
+    measured: dict[Modality, Annotated[int, Field(ge=1, le=MAX_WIDTH)]] = Field(
+        max_length=MAX_MODALITIES, description="The widths this pod's vLLM measured."
+    )
+
+    def summary(self) -> str:
+        """``image: report 128, this pod's vLLM 256`` for each modality that differs."""
+        return "; ".join(
+            f"{m}: report {w}, the pod's vLLM {self.measured[m]}"
+            for m, w in sorted(self.configured.items())
+            if m in self.measured and self.measured[m] != w
+        )
+
+    def to_termination_message(self) -> str:
+        return self.model_dump_json()  # at most ~1 KiB: 2 x 8 modalities, bounded keys
+
+    @classmethod
+    def from_termination_message(cls, text: str) -> WidthMismatch:
+        return cls.model_validate_json(text)
 
 
 def configmap_name(report_key: str) -> str:

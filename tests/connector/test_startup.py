@@ -4,6 +4,7 @@ stand-in for the parts of vLLM's config they read."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,12 @@ import torch
 import vllm
 
 from encoderpool_connector.core.startup import encoder_widths, parse_config
-from encoderpool_contracts import ConnectorConfig, ModelIdentity
+from encoderpool_contracts import (
+    TERMINATION_LOG_ENV,
+    ConnectorConfig,
+    ModelIdentity,
+    WidthMismatch,
+)
 
 WIDTH = 8
 
@@ -54,6 +60,29 @@ def test_a_report_the_encoder_disagrees_with_stops_the_start() -> None:
     config = sv_config({"image": WIDTH + 1})
     with pytest.raises(ValueError, match=r"encoder_output_widths\.image: configured 9, but"):
         encoder_widths(config, engine())
+
+
+def test_a_refusal_is_left_as_the_termination_message_where_the_operator_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator reads it from the pod's status (WidthMismatch, in contracts)."""
+    config = sv_config({"image": WIDTH + 1, "video": 16})
+    log = tmp_path / "termination-log"
+    monkeypatch.delenv(TERMINATION_LOG_ENV, raising=False)
+    with pytest.raises(ValueError, match="measure again"):  # unset: nothing written
+        encoder_widths(config, engine(measured={"image": WIDTH, "video": 16, "audio": 4}))
+    assert not log.exists()
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(log))
+    with pytest.raises(ValueError, match="measure again"):
+        encoder_widths(config, engine(measured={"image": WIDTH, "video": 16, "audio": 4}))
+    said = WidthMismatch.from_termination_message(log.read_text())
+    assert said.fingerprint == config.model_fingerprint
+    assert said.configured == {"image": WIDTH + 1, "video": 16}
+    assert said.measured == {"image": WIDTH, "video": 16}  # only what the report names
+    assert said.summary() == f"image: report {WIDTH + 1}, the pod's vLLM {WIDTH}"
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(tmp_path / "no" / "such" / "dir"))
+    with pytest.raises(ValueError, match="measure again"):  # unwritable: the refusal stands
+        encoder_widths(config, engine(measured={"image": WIDTH}))
 
 
 def test_the_transport_must_be_the_connectors_own() -> None:

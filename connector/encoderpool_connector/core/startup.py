@@ -10,9 +10,10 @@ and the widths a scheduler checks items against are merged here, once
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from encoderpool_contracts import ConnectorConfig
+from encoderpool_contracts import TERMINATION_LOG_ENV, ConnectorConfig, WidthMismatch
 
 logger = logging.getLogger("vllm.ext." + __name__)
 
@@ -50,6 +51,7 @@ def encoder_widths(
     measured = dict(getattr(tc, "mm_encoder_output_widths", None) or {})
     for modality, width in config.encoder_output_widths.items():
         if modality in measured and measured[modality] != width:
+            say_width_mismatch(config, measured)
             raise ValueError(
                 f"ec_connector_extra_config.encoder_output_widths.{modality}: configured "
                 f"{width}, but this model's encoder emits {measured[modality]}; the width "
@@ -75,3 +77,22 @@ def encoder_widths(
             served.fingerprint(),
         )
     return {**measured, **config.encoder_output_widths}
+
+
+def say_width_mismatch(config: ConnectorConfig, measured: dict[str, int]) -> None:
+    """Leave the refusal where the operator reads it: the container's termination message,
+    at the path ``TERMINATION_LOG_ENV`` names (the operator sets it; unset, nothing is
+    written). Best effort: the start fails with the ValueError either way."""
+    path = os.environ.get(TERMINATION_LOG_ENV)
+    if not path:
+        return
+    message = WidthMismatch(
+        fingerprint=config.model_fingerprint,
+        configured=dict(config.encoder_output_widths),
+        measured={m: w for m, w in measured.items() if m in config.encoder_output_widths},
+    )
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(message.to_termination_message())
+    except OSError as e:
+        logger.warning("encoderpool: cannot write the width mismatch to %s: %s", path, e)
