@@ -16,7 +16,7 @@ import pytest
 from encoderpool_contracts import ConnectorConfig
 from encoderpool_operator import render
 from encoderpool_operator.api import MAX_NAME_LENGTH, EncoderPool
-from encoderpool_operator.api.spec import CHILD_NAME_WORDS, RESERVED_GROUP_WORD
+from encoderpool_operator.api.roles import CHILD_NAME_WORDS, RESERVED_GROUP_WORD
 from encoderpool_operator.naming import (
     CACHE,
     CONSUMER,

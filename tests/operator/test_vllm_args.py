@@ -18,7 +18,7 @@ import yaml
 
 from encoderpool_contracts.pod import HTTP_PORT
 from encoderpool_operator.api import EncoderPool
-from encoderpool_operator.api.spec import OWNED_FLAGS, OWNED_FLAGS_PATTERN, OWNED_SHORT_FLAGS
+from encoderpool_operator.api.model import OWNED_FLAGS, OWNED_FLAGS_PATTERN, OWNED_SHORT_FLAGS
 from encoderpool_operator.naming import CONSUMER
 from encoderpool_operator.render.vllm import vllm_args
 from tests.operator.fixtures import REPO

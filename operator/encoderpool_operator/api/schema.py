@@ -23,6 +23,7 @@ tests check it on both sides.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -142,3 +143,50 @@ class ApiModel(BaseModel):
                 *entries,
             ]
         return json_schema
+
+
+# ----------------------------------------------------------------------------- shared by spec parts
+
+# DNS-1123 subdomain (object names such as PVCs, Secrets).
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# A map key that is a label or annotation key (an optional DNS prefix, '/', a name).
+LabelKey = Annotated[str, Field(max_length=317)]
+
+
+# A path inside a volume: segments separated by single '/', none of them '.' or '..',
+# so it can never leave the volume it is joined to.
+RELATIVE_PATH_PATTERN = r"^[^/]+(/[^/]+)*$"
+DOT_SEGMENT_PATTERN = r"(^|/)[.][.]?(/|$)"
+RELATIVE_PATH_TEXT = "a relative path inside the volume (no leading '/', no '.' or '..' segments)"
+
+
+def is_inside(path: str) -> bool:
+    """``path`` is relative and stays inside the volume it is joined to."""
+    return bool(re.match(RELATIVE_PATH_PATTERN, path)) and not re.search(DOT_SEGMENT_PATTERN, path)
+
+
+def cel_is_inside(expr: str) -> str:
+    """CEL for ``is_inside(expr)``."""
+    return f"{expr}.matches('{RELATIVE_PATH_PATTERN}') && !{expr}.matches('{DOT_SEGMENT_PATTERN}')"
+
+
+class LocalObjectReference(ApiModel):
+    """A reference to an object in the pool's namespace."""
+
+    name: str = Field(
+        pattern=DNS_SUBDOMAIN_PATTERN, min_length=1, max_length=253, description="Object name."
+    )
+
+
+class SecretKeySelector(ApiModel):
+    """One key of a Secret in the pool's namespace."""
+
+    name: str = Field(
+        pattern=DNS_SUBDOMAIN_PATTERN, min_length=1, max_length=253, description="Secret name."
+    )
+    key: str = Field(
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        min_length=1,
+        max_length=253,
+        description="Key in the Secret's data.",
+    )
