@@ -9,7 +9,10 @@
 - ``metadata``: the worker -> scheduler report both transports extend;
 - ``stats``: counters and their Prometheus metrics, per transport by subclassing;
 - ``loadbuffers``, ``tensors``: reused host buffers for loads; torch dtypes and the
-  worker's device (worker side only: they import torch).
+  worker's device (worker side only: they import torch);
+- ``staging``, ``streams``, ``savequeue``: a producer's saves off the encoder step
+  (bounded staging memory, copies on a side stream, the writer thread that publishes
+  through the transport) and loads uploaded on a side stream (worker side only).
 
 The core imports neither transport nor the programs. Importing this package imports
 nothing; each module says what it needs (vLLM, torch).
