@@ -123,7 +123,9 @@ def test_the_gpu_lock_satisfies_what_its_vllm_requires_but_the_stated_overrides(
     from tests.contracts.test_vllm_releases import releases
 
     text = GPU_LOCK.read_text()
-    pins = {canonicalize_name(m[1]): Version(m[2]) for m in PIN_WITH_HASH.finditer(text)}
+    pins: dict[str, Version] = {
+        canonicalize_name(m[1]): Version(m[2]) for m in PIN_WITH_HASH.finditer(text)
+    }
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
     assert len(lines) == 2 * len(pins), "every pin must be followed by exactly one sha256"
     (release,) = [r for r in releases() if Version(r.version) == pins["vllm"]]
