@@ -47,12 +47,59 @@ def align(n: int) -> int:
 
 # ---- slot header (producer regions) ----
 
+# A slot's header is written by the producer's worker and read by its scheduler (both in
+# the pod; consumers READ only the payload behind it). Its life: the step that queues a
+# save marks the header STATE_WRITING with the slot's generation (``pack_writing``); the
+# worker's writer thread copies the payload, hashes it and writes the READY header
+# (``write_header``: the state last); a save dropped after its mark gets the mark cleared
+# (``clear_if_writing``). The scheduler waits, boundedly, only while it reads its own
+# generation's WRITING mark (``slot_state``); anything else that is not a READY header of
+# that generation is an unwritten slot.
 SLOT_MAGIC = b"EPRS"
 SLOT_VERSION = 1
-STATE_EMPTY, STATE_READY = 0, 1
+STATE_EMPTY, STATE_READY, STATE_WRITING = 0, 1, 2
 # magic, version, state, generation, payload bytes, dtype code, ndim, shape[8], key, checksum
 _SLOT = struct.Struct("<4sHHQQBB6x8Q32s32s")
 assert _SLOT.size <= HEADER_BYTES
+# The header's first fields alone (magic, version, state, generation): the mark.
+_MARK = struct.Struct("<4sHHQ")
+MARK_BYTES = _MARK.size
+_STATE_AT = 6  # the state's offset in the header; of its two bytes only the first varies
+
+
+def pack_writing(generation: int) -> bytes:
+    """The mark a slot gets while the write of ``generation`` is queued or running."""
+    return _MARK.pack(SLOT_MAGIC, SLOT_VERSION, STATE_WRITING, generation)
+
+
+def slot_state(raw: bytes | memoryview) -> tuple[int, int] | None:
+    """(state, generation) of a header's first ``MARK_BYTES``; None if they are no header
+    of ours (never raises)."""
+    if len(raw) < MARK_BYTES:
+        return None
+    magic, version, state, generation = _MARK.unpack_from(raw)
+    if magic != SLOT_MAGIC or version != SLOT_VERSION:
+        return None
+    return int(state), int(generation)
+
+
+def write_header(view: memoryview, offset: int, header: bytes) -> None:
+    """Write a packed header over a slot's WRITING mark, its state byte last, so that a
+    reader that finds STATE_READY and then reads the header finds it whole (a reader on a
+    weakly ordered CPU that still saw a torn one fails the header's own checks or the
+    consumer's checksum: a miss, never wrong bytes)."""
+    view[offset + _STATE_AT + 2 : offset + len(header)] = header[_STATE_AT + 2 :]
+    view[offset : offset + _STATE_AT] = header[:_STATE_AT]
+    view[offset + _STATE_AT : offset + _STATE_AT + 2] = header[_STATE_AT : _STATE_AT + 2]
+
+
+def clear_if_writing(view: memoryview, offset: int, generation: int) -> bool:
+    """Clear the slot's mark if it is still the WRITING mark of ``generation`` (a save given
+    up on); whether it was. Another generation's mark or header is left alone."""
+    if slot_state(view[offset : offset + MARK_BYTES]) != (STATE_WRITING, generation):
+        return False
+    view[offset : offset + 8] = bytes(8)
+    return True
 
 
 def key_digest(mm_hash: str) -> bytes:
@@ -253,6 +300,10 @@ class SharedRegion:
         # valid until close().
         self._address = ctypes.addressof(ctypes.c_char.from_buffer(self.map)) if writable else 0
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @classmethod
     def create(cls, directory: str, size: int) -> SharedRegion:

@@ -3,9 +3,20 @@
 Producer: when a request is first scheduled, each of its items gets a slot in
 the registered region (oldest slots evicted when full) and the worker is told
 to copy the encoder output there (``WritePlan``). ``request_finished`` reads
-the slot header the worker wrote; if it is complete, the item's
+the slot header the worker's writer wrote; if it is complete, the item's
 ``ec_transfer_params`` carry its coordinates. A slot is freed when every READ
 announced for it confirmed (NIXL notification), or after ``slot_ttl_s``.
+
+The worker's step only queues the copy (``worker``, ``writer``), so a request can
+finish while its slot is still being written. The coordinates carry the payload's
+checksum, which exists only once the writer hashed the bytes; announcing earlier
+would need another wire format, and the consumer acts on coordinates at once. So
+``request_finished`` waits, at most ``PUBLISH_WAIT_S`` per request, while a slot
+shows its own generation's WRITING mark (the step set it, so that a write still to
+come is told apart from one that will never come). Past the bound the item is
+unannounced, as today for an unwritten slot (the consumer encodes it itself), but
+the slot is kept, not freed, until its write ended (``_settle``): a freed range
+could be planned again under a write still to land.
 
 Consumer: ``ensure_cache_available`` validates an item's coordinates, takes
 a local slot and hands the READ to the puller thread; the request is deferred
@@ -30,10 +41,14 @@ from encoderpool_connector.core.lookups import LookupScheduler, short
 from encoderpool_connector.rdma.auth import OncePerPeer
 from encoderpool_connector.rdma.buffer import (
     HEADER_BYTES,
+    MARK_BYTES,
+    STATE_WRITING,
     SharedRegion,
     Slot,
     SlotAllocator,
+    SlotHeader,
     key_digest,
+    slot_state,
     unpack_slot_header,
 )
 from encoderpool_connector.rdma.channel import (
@@ -67,6 +82,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm.ext." + __name__)
 
 LOAD_GRACE_S = 120.0  # a planned load the worker never confirmed frees its slot after this
+# request_finished waits at most this long in all for the writer to finish the request's
+# slots (it copies and hashes a 9 MB item in a few milliseconds): the engine loop is held
+# meanwhile, so a stuck writer costs each request this once, not a hang.
+PUBLISH_WAIT_S = 1.0
+_POLL_FIRST_S, _POLL_MAX_S = 0.0002, 0.002
 
 State = Literal["pulling", "hit", "miss"]
 
@@ -130,6 +150,7 @@ class RdmaScheduler(LookupScheduler[_Pull]):
         self._writes: list[WritePlan] = []
         self._warned_width: set[str] = set()
         self._last_full_warning = 0.0
+        self._unsettled: dict[int, Slot] = {}  # by offset: writes still running, unannounced
         # consumer (and the lookups the base keeps)
         self._loads: list[LoadPlan] = []
         self._loading: dict[str, _Loading] = {}
@@ -320,8 +341,9 @@ class RdmaScheduler(LookupScheduler[_Pull]):
         assert self.channel is not None
         self._producer_housekeeping()
         items = collect_ec_item_metadata(request.mm_features, self.resolver)
+        deadline = time.monotonic() + PUBLISH_WAIT_S
         for mm_hash, item in items.items():
-            coords = self._coordinates(mm_hash, request.request_id)
+            coords = self._coordinates(mm_hash, request.request_id, deadline)
             self.stats.add("announced" if coords is not None else "unannounced")
             rdma = None
             if coords is not None:
@@ -335,21 +357,22 @@ class RdmaScheduler(LookupScheduler[_Pull]):
             announce(item, Announcement(fingerprint=self.config.model_fingerprint, rdma=rdma))
         return items or None
 
-    def _coordinates(self, mm_hash: str, rid: str) -> Coordinates | None:
+    def _coordinates(self, mm_hash: str, rid: str, deadline: float) -> Coordinates | None:
+        """The item's coordinates once its slot is written (waiting until ``deadline`` for a
+        write the worker queued); None if it is not."""
         assert self.agent is not None
         assert self.channel is not None
         slot = self._slots.get(mm_hash)
         if slot is None or self.alloc.get(slot.offset) is not slot:
             return None
         slot.requests.discard(rid)
-        raw = self.region.view[slot.offset : slot.offset + HEADER_BYTES]
-        header = unpack_slot_header(raw)
-        if (
-            header is None
-            or header.generation != slot.generation
-            or header.key != key_digest(mm_hash)
-            or header.payload_bytes > slot.size - HEADER_BYTES
-        ):
+        if self._writing(slot) and not self._await_write(slot, deadline):
+            self.stats.add("announce_waits_timed_out")
+            if not slot.requests:  # nobody else will read it: settled once the write ends
+                self._unsettled[slot.offset] = slot
+            return None
+        header = self._written(slot)
+        if header is None:
             if not slot.requests:  # nobody else will write it: give the room back
                 self.alloc.free(slot.offset)
                 del self._slots[mm_hash]
@@ -368,8 +391,60 @@ class RdmaScheduler(LookupScheduler[_Pull]):
             gen=slot.generation,
         )
 
+    def _writing(self, slot: Slot) -> bool:
+        """Whether the slot shows its own generation's WRITING mark (a write is queued)."""
+        raw = self.region.view[slot.offset : slot.offset + MARK_BYTES]
+        return slot_state(raw) == (STATE_WRITING, slot.generation)
+
+    def _await_write(self, slot: Slot, deadline: float) -> bool:
+        """Poll the slot until its write ended (True) or ``deadline`` passed (False)."""
+        t0 = now = time.monotonic()
+        delay = _POLL_FIRST_S
+        try:
+            while self._writing(slot):
+                if now >= deadline:
+                    return False
+                time.sleep(min(delay, deadline - now))
+                delay = min(2 * delay, _POLL_MAX_S)
+                now = time.monotonic()
+            return True
+        finally:
+            self.stats.add("announce_wait_seconds", time.monotonic() - t0)
+
+    def _written(self, slot: Slot) -> SlotHeader | None:
+        """The slot's header if the writer completed it for this slot; None otherwise."""
+        header = unpack_slot_header(self.region.view[slot.offset : slot.offset + HEADER_BYTES])
+        if (
+            header is None
+            or header.generation != slot.generation
+            or header.key != key_digest(slot.key)
+            or header.payload_bytes > slot.size - HEADER_BYTES
+        ):
+            return None
+        return header
+
+    def _settle(self) -> None:
+        """Slots whose write outlived ``request_finished``'s wait, once it ended: written ones
+        become evictable (a repeat of the item announces them), the others are freed."""
+        for offset, slot in list(self._unsettled.items()):
+            if self.alloc.get(offset) is not slot:  # expired meanwhile
+                del self._unsettled[offset]
+                continue
+            if self._writing(slot):
+                continue
+            del self._unsettled[offset]
+            if slot.requests:  # a repeat of the item: its request_finished reads the slot
+                continue
+            if self._written(slot) is not None:
+                slot.locked = False
+            else:
+                self.alloc.free(offset)
+                if self._slots.get(slot.key) is slot:
+                    del self._slots[slot.key]
+
     def _producer_housekeeping(self) -> None:
         assert self.agent is not None
+        self._settle()
         for payload_offset, gen in self.agent.releases():
             slot = self.alloc.get(payload_offset - HEADER_BYTES)
             if slot is None or slot.generation != gen or slot.refs <= 0:

@@ -25,10 +25,22 @@ RDMA_COUNTERS: dict[str, str] = {
     "load_failures": "Items whose copy out of the region failed on any tensor-parallel "
     "rank; every rank encoded the item in the same step instead.",
     "load_seconds": "Seconds the worker spent copying loads (on the step path).",
-    "saves": "Encoder outputs copied into registered memory by the producer's worker.",
-    "saves_dropped": "Encoder outputs not copied (no slot planned, too large, or an error).",
+    "saves_queued": "Encoder outputs the producer's step handed to its writer thread.",
+    "saves": "Encoder outputs the producer's writer copied into registered memory.",
+    "saves_dropped": "Encoder outputs not copied (no slot planned, too large, writer queue "
+    "full, no staging memory, or an error); consumers encode those items.",
+    "saves_dropped_staging": "Saves dropped because no free range of the producer's staging "
+    "memory fitted the device output, or (host outputs, held by reference) the outputs "
+    "waiting for the writer already held the staging limit; nothing is allocated or waited "
+    "for on the encoder step instead. Also counted in saves_dropped.",
     "save_bytes": "Bytes copied into registered memory.",
-    "save_seconds": "Seconds the producer's worker spent copying and checksumming.",
+    "save_seconds": "Seconds the producer's writer thread spent copying and checksumming "
+    "(off the encoder step).",
+    "announce_wait_seconds": "Seconds a producer's scheduler waited in request_finished for "
+    "its writer to finish slots the step had queued.",
+    "announce_waits_timed_out": "Items whose write was still queued or running when the wait "
+    "in request_finished ran out: not announced (consumers encode them), their slot kept "
+    "until the write ends.",
     "announced": "Items whose coordinates a producer returned in ec_transfer_params.",
     "unannounced": "Items a producer finished without coordinates (no slot, or not written).",
     "released": "Producer slots freed because every announced READ confirmed.",

@@ -1,32 +1,33 @@
-"""Worker side of the RDMA connector: copy encoder outputs into the registered region
-(producer), copy verified items out of it (consumer).
+"""Worker side of the RDMA connector: queue encoder outputs for the writer (producer),
+copy verified items out of the registered region (consumer).
 
 The region is the scheduler's tmpfs file, mapped here on the first step that
-names it. A producer's copy is one memcpy plus a BLAKE3 of the payload (a few
-milliseconds for a 9 MB item, beside an encoder step of hundreds), done inside
-the step so that the slot is complete before the scheduler announces it.
-Under tensor parallelism (``core.ranks``) only rank 0 copies in, every rank copies
-out, and a load that fails on any rank is encoded by all in the same step.
+names it. A producer's step only queues each output (``writer``, on
+``core.savequeue``): a host output by reference, a device output copied into
+pinned staging on a side stream; the writer thread copies the payload into its
+slot, takes its BLAKE3 and writes the slot's header, which the scheduler waits
+for (boundedly) before it announces the slot. Under tensor parallelism
+(``core.ranks``) only rank 0 writes, every rank copies out, and a load that fails
+on any rank is encoded by all in the same step.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
-import blake3
 import torch
 
 from encoderpool_connector.core.ranks import Failing, Rank, recompute
 from encoderpool_connector.core.stats import LockedStats
 from encoderpool_connector.core.tensors import TORCH_DTYPES, OnDevice
 from encoderpool_connector.rdma.buffer import (
-    HEADER_BYTES,
+    MARK_BYTES,
     MAX_DIMS,
     SharedRegion,
-    SlotHeader,
     is_region_path,
-    key_digest,
+    pack_writing,
 )
 from encoderpool_connector.rdma.metadata import (
     LoadPlan,
@@ -35,6 +36,7 @@ from encoderpool_connector.rdma.metadata import (
     WritePlan,
 )
 from encoderpool_connector.rdma.stats import RdmaStats
+from encoderpool_connector.rdma.writer import DEFAULT_SAVE_STAGING_BYTES, RdmaWriter, SlotWrite
 from encoderpool_contracts import ConnectorConfig, dtype_name, payload_bytes
 
 logger = logging.getLogger("vllm.ext." + __name__)
@@ -67,6 +69,16 @@ class RdmaWorker(OnDevice):
         self._loaded: set[str] = set()
         self._failed: set[str] = set()
         self.stats = LockedStats(RdmaStats)
+        # Held by the writer around each write, here around an unmap.
+        self._region_lock = threading.Lock()
+        self.writer: RdmaWriter | None = None
+        if self.is_producer:
+            self.writer = RdmaWriter(
+                self._region_lock,
+                self.stats,
+                stale_s=self.ttl / 2,
+                staging_bytes=min(DEFAULT_SAVE_STAGING_BYTES, rd.buffer_bytes),
+            )
 
     def _map(self, meta: RdmaMetadata) -> SharedRegion | None:
         """The scheduler's region, mapped once; None (and logged) if the metadata is off."""
@@ -78,8 +90,7 @@ class RdmaWorker(OnDevice):
             )
             return None
         if self.region is not None:
-            self.region.close()
-            self.region = None
+            self._unmap()
         try:
             self.region = SharedRegion(meta.region, meta.region_bytes, create=False)
         except (OSError, ValueError) as e:
@@ -87,10 +98,17 @@ class RdmaWorker(OnDevice):
             return None
         return self.region
 
+    def _unmap(self) -> None:
+        """Unmap the region, never under a write (saves queued for it are dropped)."""
+        with self._region_lock:
+            if self.region is not None:
+                self.region.close()
+                self.region = None
+
     # ---- producer ----
 
     def start_save_caches(self, encoder_cache: dict[str, torch.Tensor], meta: RdmaMetadata) -> None:
-        """Take this step's plans; items already in the encoder cache are copied now (vLLM will
+        """Take this step's plans; items already in the encoder cache are queued now (vLLM will
         not encode them again, so ``save_caches`` would never fire for them)."""
         now = time.monotonic()
         for mm_hash in [h for h, (_, t) in self._pending.items() if now - t > self.ttl]:
@@ -108,27 +126,27 @@ class RdmaWorker(OnDevice):
                 self.save_caches(encoder_cache, plan.mm_hash)
 
     def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str) -> None:
+        """Queue the output for the writer; never waits for a copy, a hash or the writer."""
         entry = self._pending.pop(mm_hash, None)
         tensor = encoder_cache.get(mm_hash)
-        if entry is None or tensor is None or self.region is None:
+        if entry is None or tensor is None or self.region is None or self.writer is None:
             if tensor is not None:  # no plan for it, or the region could not be mapped
                 self.stats.add("saves_dropped")
             return
         try:
-            self._write(entry[0], tensor)
-        except Exception as e:  # never fail the encoder step over a copy
+            self._queue(*entry, tensor)
+        except Exception as e:  # never fail the encoder step over a save
             self.stats.add("saves_dropped")
             logger.warning(
-                "encoderpool: copying item %r to rdma memory failed: %r", mm_hash[:80], e
+                "encoderpool: queueing item %r for rdma memory failed: %r", mm_hash[:80], e
             )
 
-    def _write(self, plan: WritePlan, tensor: torch.Tensor) -> None:
-        t0 = time.perf_counter()
+    def _queue(self, plan: WritePlan, planned: float, tensor: torch.Tensor) -> None:
+        """Mark the slot WRITING and hand the output to the writer; the mark goes again if
+        the writer cannot take it (queue full, no staging memory: counted there)."""
         assert self.region is not None
+        assert self.writer is not None
         t = tensor.detach()
-        if t.device.type != "cpu":
-            t = t.to("cpu")
-        t = t.contiguous()
         nbytes = t.numel() * t.element_size()
         if nbytes > plan.capacity or not 1 <= t.dim() <= MAX_DIMS:
             self.stats.add("saves_dropped")
@@ -140,27 +158,22 @@ class RdmaWorker(OnDevice):
                 plan.capacity,
             )
             return
-        view = self.region.view
-        view[plan.offset : plan.offset + 8] = bytes(8)  # invalidate the old header first
-        start = plan.offset + HEADER_BYTES
-        dst = torch.frombuffer(self.region.map, dtype=torch.uint8, count=nbytes, offset=start)
-        dst.copy_(t.view(torch.uint8).reshape(-1))  # torch's copy: several times memoryview's
-        del dst
-        payload = view[start : start + nbytes]
-        digest = blake3.blake3(payload, max_threads=blake3.blake3.AUTO).digest()
-        header = SlotHeader(
-            plan.generation,
-            nbytes,
-            dtype_name(t.dtype),
-            tuple(int(x) for x in t.shape),
-            key_digest(plan.mm_hash),
-            digest,
-        ).pack()
-        view[plan.offset : plan.offset + len(header)] = header
-        self.stats.add("saves")
-        self.stats.add("save_bytes", nbytes)
-        self.stats.add("save_seconds", time.perf_counter() - t0)
-        self._summary()
+        dtype_name(t.dtype)  # a dtype the header cannot name fails here, not on the writer
+        region = self.region
+        view = region.view
+        # Before the submit: the writer may write the READY header at once.
+        view[plan.offset : plan.offset + MARK_BYTES] = pack_writing(plan.generation)
+        queued = False
+        try:
+            queued = self.writer.submit(plan.mm_hash, t, SlotWrite(plan, region, planned))
+        finally:
+            if not queued:
+                view[plan.offset : plan.offset + 8] = bytes(8)
+
+    def flush(self) -> None:
+        """Wait until every queued save is written or dropped (tests, benchmarks)."""
+        if self.writer is not None:
+            self.writer.flush()
 
     def _summary(self, force: bool = False) -> None:
         """The producer's own log line: vLLM's V1 runner drops a producer worker's stats."""
@@ -246,7 +259,7 @@ class RdmaWorker(OnDevice):
         return RdmaWorkerMetadata(loaded=loaded, failed=failed, stats=stats.data if stats else {})
 
     def shutdown(self) -> None:
-        self._summary(force=True)
-        if self.region is not None:
-            self.region.close()
-            self.region = None
+        """Write what is queued (the writer logs the producer's totals), then unmap."""
+        if self.writer is not None:
+            self.writer.close()
+        self._unmap()
