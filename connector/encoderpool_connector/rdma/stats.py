@@ -25,6 +25,8 @@ RDMA_COUNTERS: dict[str, str] = {
     "load_failures": "Items whose copy out of the region failed on any tensor-parallel "
     "rank; every rank encoded the item in the same step instead.",
     "load_seconds": "Seconds the worker spent copying loads (on the step path).",
+    "load_buffer_fallbacks": "Loads onto a device staged in freshly allocated host memory "
+    "because every pooled (pinned) load buffer was lent out.",
     "saves_queued": "Encoder outputs the producer's step handed to its writer thread.",
     "saves": "Encoder outputs the producer's writer copied into registered memory.",
     "saves_dropped": "Encoder outputs not copied (no slot planned, too large, writer queue "

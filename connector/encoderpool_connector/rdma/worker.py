@@ -8,7 +8,8 @@ pinned staging on a side stream; the writer thread copies the payload into its
 slot, takes its BLAKE3 and writes the slot's header, which the scheduler waits
 for (boundedly) before it announces the slot. Under tensor parallelism
 (``core.ranks``) only rank 0 writes, every rank copies out, and a load that fails
-on any rank is encoded by all in the same step.
+on any rank is encoded by all in the same step. A load onto a CUDA device goes
+through a pinned buffer (``core.loadbuffers``) and a side stream (``core.streams``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ import logging
 import threading
 import time
 
+import numpy as np
 import torch
 
+from encoderpool_connector.core.loadbuffers import LoadBuffers, as_tensor
 from encoderpool_connector.core.ranks import Failing, Rank, recompute
 from encoderpool_connector.core.stats import LockedStats
+from encoderpool_connector.core.streams import DeviceUploads
 from encoderpool_connector.core.tensors import TORCH_DTYPES, OnDevice
 from encoderpool_connector.rdma.buffer import (
     MARK_BYTES,
@@ -40,6 +44,9 @@ from encoderpool_connector.rdma.writer import DEFAULT_SAVE_STAGING_BYTES, RdmaWr
 from encoderpool_contracts import ConnectorConfig, dtype_name, payload_bytes
 
 logger = logging.getLogger("vllm.ext." + __name__)
+
+# A consumer worker's pinned buffers for loads onto a CUDA device.
+DEFAULT_LOAD_BUFFER_BYTES = 256 << 20
 
 
 class RdmaWorker(OnDevice):
@@ -79,6 +86,8 @@ class RdmaWorker(OnDevice):
                 stale_s=self.ttl / 2,
                 staging_bytes=min(DEFAULT_SAVE_STAGING_BYTES, rd.buffer_bytes),
             )
+        self._buffers: LoadBuffers | None = None  # made on the first load to a device
+        self._uploads: DeviceUploads | None = None  # made on the first load to a CUDA device
 
     def _map(self, meta: RdmaMetadata) -> SharedRegion | None:
         """The scheduler's region, mapped once; None (and logged) if the metadata is off."""
@@ -220,15 +229,27 @@ class RdmaWorker(OnDevice):
             if plan.offset < 0 or plan.offset + nbytes > region.size:
                 raise ValueError(f"load of {nbytes} bytes at {plan.offset} is outside the region")
             src = torch.frombuffer(region.map, dtype=torch.uint8, count=nbytes, offset=plan.offset)
-            tensor = src.clone().view(dtype).view(plan.shape)
-            del src
             device = self._target_device()
-            if device.type != "cpu":
-                tensor = tensor.to(device)
+            if device.type == "cpu":
+                tensor = src.clone().view(dtype).view(plan.shape)
+            else:
+                staged = as_tensor(self._buffer(nbytes, device), torch.uint8, (nbytes,))
+                staged.copy_(src)
+                tensor = staged.view(dtype).view(plan.shape)
+                del staged
+                if device.type == "cuda":
+                    # On the upload stream; the model's stream waits for it on the device and
+                    # the pinned buffer stays lent until the copy ran.
+                    tensor = (self._uploads or self._make_uploads(device)).start(tensor)
+                else:
+                    tensor = tensor.to(device)
+            del src
             self.stats.add("loads")
             self._loaded.add(plan.mm_hash)
             return tensor
         except (OSError, RuntimeError, ValueError) as e:
+            # A log record keeps ``e``; its traceback's frames would keep the load buffer lent.
+            e.__traceback__ = None
             logger.error(
                 "encoderpool: loading verified item %r failed on rank %d (%r); encoding it "
                 "here instead",
@@ -239,6 +260,22 @@ class RdmaWorker(OnDevice):
             return None
         finally:
             self.stats.add("load_seconds", time.perf_counter() - t0)
+
+    def _make_uploads(self, device: torch.device) -> DeviceUploads:
+        self._uploads = DeviceUploads(device)
+        return self._uploads
+
+    def _buffer(self, nbytes: int, device: torch.device) -> np.ndarray:
+        """Host memory to stage one load for ``device`` in: a pooled buffer (pinned for
+        CUDA), else fresh memory (counted: a slower upload, never a wrong one)."""
+        if self._buffers is None:
+            self._buffers = LoadBuffers(DEFAULT_LOAD_BUFFER_BYTES, pinned=device.type == "cuda")
+        lent = self._buffers.lend_array(nbytes)
+        if lent is not None:
+            return lent
+        if self._buffers.serves(nbytes):
+            self.stats.add("load_buffer_fallbacks")
+        return np.empty(nbytes, dtype=np.uint8)
 
     # ---- outputs ----
 
