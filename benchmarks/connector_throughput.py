@@ -41,6 +41,16 @@ about 9.3 MB); "small" is the tiny model's (64 x 128). Reported per item:
   in every run): the step just before matters, and a fixed rotation would
   always put the same one before each. Medians by the step before are printed.
 
+With ``--rdma STEPS`` only the rdma producer's saves are timed (no shared volume, no
+example): ``STEPS`` steps of ``--rdma-items`` large CPU outputs each, through the rdma
+worker (``start_save_caches`` and one ``save_caches`` per item, as vLLM calls them) into
+a region on /dev/shm. Reported per step (medians): ``step_ms``, the time those calls
+held the step; ``wait_ms``, from their return until every slot's header was READY,
+which is what the scheduler's ``request_finished`` waits for before it can announce
+them (0 where the step writes them itself); and ``total_ms``, the two together. Printed
+on an RDMA line; it runs against whichever connector is on the path (an older commit's
+from a ``git archive`` copy gives the before).
+
 Last line: RESULT save_block_ratio=<ours/example> load_ratio=<example/ours>
 fraction_of_raw=<ours load GB/s / raw GB/s, warm> fraction_of_raw_cold=<the same,
 cold>, all from the large items (medians).
@@ -210,6 +220,75 @@ def device_saves(
     writer.close()
     assert stats.totals.data.get("published") == n, stats.totals.data
     return {"example_save_ms": med_ms(ex_save), "ours_save_ms": med_ms(ours_save)}
+
+
+def rdma_saves(steps: int, per_step: int, shape: tuple[int, int], shm_dir: str) -> dict[str, float]:
+    """The rdma producer worker's saves of ``per_step`` CPU outputs a step (see the module
+    docstring); the outputs are made once and saved again under new keys every step."""
+    from encoderpool_connector.rdma.buffer import (
+        HEADER_BYTES,
+        SharedRegion,
+        align,
+        unpack_slot_header,
+    )
+    from encoderpool_connector.rdma.metadata import RdmaMetadata, WritePlan
+    from encoderpool_connector.rdma.worker import RdmaWorker
+
+    nbytes = shape[0] * shape[1] * 2
+    slot = align(HEADER_BYTES + nbytes)
+    region_bytes = max(1 << 20, per_step * slot)
+    region = SharedRegion.create(shm_dir, region_bytes)
+    config = ConnectorConfig.from_extra_config(
+        {
+            "transport": "rdma",
+            "model_fingerprint": FP,
+            "rdma": {"shm_dir": shm_dir, "buffer_bytes": region_bytes},
+        }
+    )
+    worker = RdmaWorker(config, is_producer=True, is_consumer=False)
+    worker._device = torch.device("cpu")
+    gen = torch.Generator().manual_seed(0)
+    outs = [torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(per_step)]
+
+    def ready(plans: list[Any]) -> bool:
+        for plan in plans:
+            raw = region.view[plan.offset : plan.offset + HEADER_BYTES]
+            header = unpack_slot_header(raw)
+            if header is None or header.generation != plan.generation:
+                return False
+        return True
+
+    step_s, wait_s = [], []
+    try:
+        for step in range(steps):
+            plans = [
+                WritePlan(
+                    f"rdma-{step}-{i}", i * slot, slot - HEADER_BYTES, step * per_step + i + 1
+                )
+                for i in range(per_step)
+            ]
+            meta = RdmaMetadata(region=region.path, region_bytes=region.size, writes=plans)
+            cache = {plan.mm_hash: out for plan, out in zip(plans, outs, strict=True)}
+            t0 = time.perf_counter()
+            worker.start_save_caches({}, meta)  # this step encodes them: none cached yet
+            for plan in plans:
+                worker.save_caches(cache, plan.mm_hash)
+            t1 = time.perf_counter()
+            while not ready(plans):
+                time.sleep(0.0002)
+            t2 = time.perf_counter()
+            step_s.append(t1 - t0)
+            wait_s.append(t2 - t1)
+    finally:
+        worker.shutdown()
+        region.close()
+    totals = dict(worker.stats.totals.data)
+    assert totals.get("saves") == steps * per_step, totals
+    return {
+        "step_ms": med_ms(step_s),
+        "wait_ms": med_ms(wait_s),
+        "total_ms": med_ms([a + b for a, b in zip(step_s, wait_s, strict=True)]),
+    }
 
 
 def run(
@@ -441,7 +520,23 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="shared_volume.load_threads of our consumer (default: unset, the connector's).",
     )
+    p.add_argument(
+        "--rdma",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="Time only the rdma producer's saves, this many steps (see above).",
+    )
+    p.add_argument("--rdma-items", type=int, default=8, help="Large outputs per rdma step.")
     args = p.parse_args(argv)
+    if args.rdma:
+        with tempfile.TemporaryDirectory(prefix="ep-bench-rdma-", dir="/dev/shm") as d:
+            r = rdma_saves(args.rdma, args.rdma_items, (1300, 3584), d)
+        print(
+            f"RDMA items_per_step={args.rdma_items} step_ms={r['step_ms']:.3f} "
+            f"wait_ms={r['wait_ms']:.3f} total_ms={r['total_ms']:.3f}"
+        )
+        return 0
     with tempfile.TemporaryDirectory(prefix="ep-bench-", dir=args.dir) as d:
         small = run("small", args.small, (64, 128), Path(d), args.rounds, args.load_threads)
         large = run("large", args.large, (1300, 3584), Path(d), args.rounds, args.load_threads)
