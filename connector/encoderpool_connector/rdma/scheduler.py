@@ -86,7 +86,9 @@ LOAD_GRACE_S = 120.0  # a planned load the worker never confirmed frees its slot
 # slots (it copies and hashes a 9 MB item in a few milliseconds): the engine loop is held
 # meanwhile, so a stuck writer costs each request this once, not a hang.
 PUBLISH_WAIT_S = 1.0
-_POLL_FIRST_S, _POLL_MAX_S = 0.0002, 0.002
+# Polled, not signalled (the writer is in another process): a 16-byte read per poll, and
+# a write found done at most half a millisecond late.
+_POLL_FIRST_S, _POLL_MAX_S = 0.0001, 0.0005
 
 State = Literal["pulling", "hit", "miss"]
 
