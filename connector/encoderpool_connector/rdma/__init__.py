@@ -13,7 +13,9 @@ UCX picks verbs on RDMA NICs and TCP or shared memory elsewhere (``UCX_TLS``).
 Messages are signed with the pool's key (``auth``). Like the shared-volume
 transport it is built on ``encoderpool_connector.core`` (the connector class,
 ``connector``, subclasses its ``RoleRoutingConnector``; ``scheduler`` and ``worker``
-are the two roles), with its own ``metadata`` and ``stats``. The connector class is
+are the two roles, the scheduler split into ``scheduler_producer`` and
+``scheduler_consumer``, the worker's saves written by ``writer``), with its own
+``metadata`` and ``stats``. The connector class is
 resolved on first access, so ``buffer`` and ``channel`` (no torch, no vLLM) can be
 imported alone.
 """

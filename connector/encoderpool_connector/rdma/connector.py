@@ -5,8 +5,10 @@ contract between images (``encoderpool_contracts.pod.CONNECTOR_CLASSES``); every
 name in this transport says rdma, and nixl only where it means the library itself.
 
 The scheduler side (slots, coordinates, pulls, the NIXL agents) lives in
-``scheduler``, the worker side (copies in and out of the shared region) in
-``worker``; torch is imported only by the worker side. The producer
+``scheduler``, which hands each call to its producer and consumer roles
+(``scheduler_producer``, ``scheduler_consumer``); the worker side (copies in and
+out of the shared region, the producer's writer thread) in ``worker`` and
+``writer``; torch is imported only by the worker side. The producer
 advertises the host in env ``ENCODERPOOL_ADVERTISE_HOST`` (the pod IP; default
 127.0.0.1). Both roles sign and check with the pool's key in env
 ``ENCODERPOOL_CHANNEL_KEY`` (``auth``); without it they run unauthenticated, warned.

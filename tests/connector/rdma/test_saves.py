@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from e2e.vllm_server import free_port
-from encoderpool_connector.rdma import scheduler as scheduler_module
+from encoderpool_connector.rdma import scheduler_producer
 from encoderpool_connector.rdma import worker as worker_module
 from encoderpool_connector.rdma import writer as writer_module
 from encoderpool_connector.rdma.buffer import (
@@ -528,6 +528,11 @@ def side(shm_dir: str) -> Iterator[tuple[RdmaScheduler, RdmaWorker]]:
     sched.shutdown()
 
 
+def producer_of(sched: RdmaScheduler) -> Any:
+    assert sched.producer is not None
+    return sched.producer
+
+
 def encode(sched: RdmaScheduler, w: RdmaWorker, req: Req, cache: dict[str, torch.Tensor]) -> None:
     """The request's step: plans, then the encoder's outputs queued (save_caches)."""
     assert sched.ensure_cache_available(req, 0)
@@ -573,7 +578,7 @@ def test_a_write_outliving_the_wait_is_unannounced_and_its_slot_kept_until_it_en
 ) -> None:
     """Past PUBLISH_WAIT_S the item is a miss for consumers (no coordinates), but the slot
     is not freed under the write still to land; once written it serves a repeat."""
-    monkeypatch.setattr(scheduler_module, "PUBLISH_WAIT_S", 0.05)
+    monkeypatch.setattr(scheduler_producer, "PUBLISH_WAIT_S", 0.05)
     sched, w = side
     gate = Gate(monkeypatch)
     cache: dict[str, torch.Tensor] = {}
@@ -586,7 +591,7 @@ def test_a_write_outliving_the_wait_is_unannounced_and_its_slot_kept_until_it_en
     assert stats is not None
     assert stats.data["announce_waits_timed_out"] == 1
     assert stats.data["unannounced"] == 1
-    slot = sched._slots["b-1"]
+    slot = producer_of(sched)._slots["b-1"]
     assert sched.alloc.get(slot.offset) is slot  # kept: the write may still land
     sched.build_connector_meta(SimpleNamespace(num_scheduled_tokens={}))
     assert sched.alloc.get(slot.offset) is slot  # still writing: still kept
@@ -607,7 +612,7 @@ def test_a_dropped_save_is_unannounced_at_once_and_its_slot_freed(
 ) -> None:
     """No mark, no wait: a save the step could not queue is an unwritten slot, as before."""
     monkeypatch.setattr(worker_module, "DEFAULT_SAVE_STAGING_BYTES", 4 * KiB)
-    monkeypatch.setattr(scheduler_module, "PUBLISH_WAIT_S", 30.0)
+    monkeypatch.setattr(scheduler_producer, "PUBLISH_WAIT_S", 30.0)
     cfg = rdma_config(shm_dir)
     sched = RdmaScheduler(
         cfg,
@@ -632,7 +637,7 @@ def test_a_dropped_save_is_unannounced_at_once_and_its_slot_freed(
         t0 = time.monotonic()
         assert rdma_of(sched.request_finished(second), "c-2") is None
         assert time.monotonic() - t0 < 10  # not the 30 s bound: nothing to wait for
-        assert "c-2" not in sched._slots
+        assert "c-2" not in producer_of(sched)._slots
         gate.opened.set()
         assert rdma_of(sched.request_finished(first), "c-1") is not None
         assert counters(w)["saves_dropped_staging"] == 1
