@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from encoderpool_contracts import WIDTH_MISMATCH
 from encoderpool_operator.api import (
     CHILDREN_OWNED,
     CONSUMERS_AVAILABLE,
@@ -31,7 +32,14 @@ AUTOSCALING_UNAVAILABLE = "AutoscalingUnavailable"
 # Reasons that mean something is wrong and needs a person (Warning events); every other
 # reason is progress (Normal events).
 PROBLEM_REASONS = frozenset(
-    {"InvalidSpec", "NameConflict", "WidthJobFailed", "WidthReportInvalid", AUTOSCALING_UNAVAILABLE}
+    {
+        "InvalidSpec",
+        "NameConflict",
+        "WidthJobFailed",
+        "WidthReportInvalid",
+        WIDTH_MISMATCH,
+        AUTOSCALING_UNAVAILABLE,
+    }
 )
 PENDING_REASON = "Pending"
 

@@ -19,6 +19,9 @@ Ref = tuple[str, str, str]
 
 # Components: the value of LABEL_COMPONENT and the suffix of the child's name.
 PRODUCER, CONSUMER, ROUTER, WIDTH_JOB = "producer", "consumer", "router", "width-job"
+# The vLLM container of a producer or consumer pod (what the operator reads back from
+# its pods: a refusal's termination message).
+VLLM_CONTAINER = "vllm"
 CACHE = "cache"  # the shared-volume PVC
 INTERNAL = "internal"  # the pool's Secret of random keys
 REPORT_COMPONENT = "width-report"  # the report ConfigMaps (shared by pools, named by key)
@@ -133,6 +136,11 @@ def producer_components(pool: EncoderPool) -> list[tuple[str, RoleSpec]]:
     if not spec.producer_groups:
         return [(PRODUCER, spec.producer)]
     return [(group_component(g), g.role(spec.producer)) for g in spec.producer_groups]
+
+
+def vllm_components(pool: EncoderPool) -> list[str]:
+    """The components of the pool's vLLM Deployments: each producer one, the consumers."""
+    return [*(c for c, _ in producer_components(pool)), CONSUMER]
 
 
 def replicas_managers(obj: Mapping[str, Any] | None) -> tuple[str, ...]:

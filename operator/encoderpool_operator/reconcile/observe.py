@@ -13,10 +13,22 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from encoderpool_contracts import configmap_name
+from encoderpool_contracts import (
+    TERMINATION_MESSAGE_LIMIT,
+    WIDTH_MISMATCH,
+    WidthMismatch,
+    configmap_name,
+)
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.cache import Reader, controller_uid
-from encoderpool_operator.naming import LABEL_COMPONENT, LABEL_POOL, WIDTH_JOB, Ref
+from encoderpool_operator.naming import (
+    LABEL_COMPONENT,
+    LABEL_POOL,
+    VLLM_CONTAINER,
+    WIDTH_JOB,
+    Ref,
+    vllm_components,
+)
 from encoderpool_operator.reconcile.snapshot import Snapshot
 from encoderpool_operator.reconcile.widths import job_state, parse_report
 from encoderpool_operator.render import WORKLOAD_KINDS, Defaults, child_refs
@@ -75,4 +87,53 @@ def observe(kube: Reader, obj: Mapping[str, Any], defaults: Defaults | None = No
     if job is not None and job_state(job)[0] == "Complete" and not has_report:
         pods = kube.list("v1", "Pod", ns, f"{JOB_UID_LABEL}={job['metadata']['uid']}")
         snap = replace(snap, job_pods=tuple(pods))
+    if refusals := width_refusals(kube, snap):
+        snap = replace(snap, refusals=refusals)
     return snap
+
+
+# How many pods of one Deployment are read for a refusal: a crash-looping Deployment's
+# pods all say the same, and one is enough to name it.
+REFUSAL_PODS_READ = 8
+
+
+def width_refusals(kube: Reader, snap: Snapshot) -> dict[str, tuple[str, WidthMismatch]]:
+    """For each vLLM Deployment of the pool that is not fully available, the first of its
+    pods (at most ``REFUSAL_PODS_READ``) whose vLLM refused to start because the width
+    report does not match its encoder (``WidthMismatch``, the container's termination
+    message). Pods are read only while a Deployment lacks pods, so a healthy pool costs
+    no list."""
+    out: dict[str, tuple[str, WidthMismatch]] = {}
+    for component in vllm_components(snap.pool):
+        dep = snap.deployment(component)
+        if dep is None:
+            continue
+        want = dep.get("spec", {}).get("replicas", 1)
+        if dep.get("status", {}).get("availableReplicas", 0) >= want:
+            continue
+        labels = dep.get("spec", {}).get("selector", {}).get("matchLabels") or {}
+        if not labels:
+            continue
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        for pod in kube.list("v1", "Pod", snap.pool.namespace, selector)[:REFUSAL_PODS_READ]:
+            if (said := width_mismatch_of(pod)) is not None:
+                out[component] = (str(pod["metadata"]["name"]), said)
+                break
+    return out
+
+
+def width_mismatch_of(pod: Mapping[str, Any]) -> WidthMismatch | None:
+    """A refusal the pod's vLLM container left as its termination message (current state
+    or the last one), or None. Anything else in a message is not ours to read."""
+    for status in (pod.get("status", {}).get("containerStatuses") or [])[:4]:
+        if status.get("name") != VLLM_CONTAINER:
+            continue
+        for state in (status.get("state"), status.get("lastState")):
+            message = ((state or {}).get("terminated") or {}).get("message") or ""
+            if WIDTH_MISMATCH not in message[:TERMINATION_MESSAGE_LIMIT]:
+                continue
+            try:
+                return WidthMismatch.from_termination_message(message[:TERMINATION_MESSAGE_LIMIT])
+            except ValueError:
+                continue
+    return None

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from encoderpool_contracts import configmap_name
+from encoderpool_contracts import WIDTH_MISMATCH, configmap_name
 from encoderpool_operator.api import (
     CHILDREN_OWNED,
     CONSUMERS_AVAILABLE,
@@ -52,8 +52,8 @@ from encoderpool_operator.naming import (
     Ref,
     group_component,
     name_of,
-    producer_components,
     ref_of,
+    vllm_components,
 )
 from encoderpool_operator.reconcile.actions import (
     Action,
@@ -138,6 +138,25 @@ def availability(
         reason=reason,
         message=f"{what}: {text}",
         observed_generation=gen,
+    )
+
+
+def refused(cond: ConditionUpdate, snap: Snapshot, component: str, what: str) -> ConditionUpdate:
+    """An unavailable role whose pods refuse to start on the width report says so: the
+    report (reused, or measured with another image or node) disagrees with what the
+    pods' own vLLM measured at start-up, and only measuring again mends it."""
+    if cond.status == "True" or component not in snap.refusals:
+        return cond
+    pod, said = snap.refusals[component]
+    report = configmap_name(snap.report_key)
+    return cond.model_copy(
+        update={
+            "reason": WIDTH_MISMATCH,
+            "message": f"{what}: pod {pod} refused to start: its vLLM measured other encoder "
+            f"output widths than the width report ({said.summary()}); the report in "
+            f"ConfigMap {report} is stale or was measured with another image: delete it and "
+            "the operator measures again",
+        }
     )
 
 
@@ -252,11 +271,6 @@ def with_internal_secret(pool: EncoderPool, applies: list[Apply]) -> list[Action
     return [*applies[:first], secret, *applies[first:]]
 
 
-def vllm_components(pool: EncoderPool) -> list[str]:
-    """The components of the pool's vLLM Deployments: each producer one, the consumers."""
-    return [*(c for c, _ in producer_components(pool)), CONSUMER]
-
-
 def _writes_to(action: Action) -> Ref | None:
     if isinstance(action, (Apply, Create)):
         return ref_of(action.obj)
@@ -341,7 +355,7 @@ def plan(snap: Snapshot, defaults: Defaults, now: datetime) -> Plan:
         dep = snap.deployment(component)
         desired = role if isinstance(role, int) else desired_replicas(role, dep)
         status_fields[what] = replica_status(dep, desired)
-        cond = availability(type_, what, dep, desired, gen)
+        cond = refused(availability(type_, what, dep, desired, gen), snap, component, what)
         if blocked and component == ROUTER:
             cond = router_blocked(pool, blocked, gen)
         updates.append(_unless_measured(cond, what, report is None, dep is not None))
@@ -426,6 +440,7 @@ def producer_groups(
         counts = replica_status(dep, desired)
         groups.append(ProducerGroupStatus(name=group.name, **counts.model_dump()))
         cond = availability(PRODUCERS_AVAILABLE, f"producer group {group.name}", dep, desired, gen)
+        cond = refused(cond, snap, component, f"producer group {group.name}")
         if cond.status != "True":
             waiting.append(cond)
     total = ReplicaStatus(

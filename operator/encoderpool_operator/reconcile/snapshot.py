@@ -9,6 +9,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+from encoderpool_contracts import WidthMismatch
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.cache import controller_uid
 from encoderpool_operator.naming import Ref, name_of, width_job_name
@@ -34,6 +35,9 @@ class Snapshot:
     owned: Mapping[Ref, Mapping[str, Any]] = field(default_factory=dict)
     # When this operator last wrote the pool's status (its memory; None: not since start).
     status_written_at: datetime | None = None
+    # vLLM components whose Deployment is not available and one of whose pods refused to
+    # start on the width report: component -> (pod, why). Read only for such Deployments.
+    refusals: Mapping[str, tuple[str, WidthMismatch]] = field(default_factory=dict)
 
     @cached_property
     def report_key(self) -> str:

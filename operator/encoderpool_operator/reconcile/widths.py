@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from encoderpool_contracts import ModelIdentity, WidthReport
+from encoderpool_contracts import TERMINATION_LOG, ModelIdentity, WidthReport
 from encoderpool_operator.api import WIDTHS_MEASURED, ConditionUpdate, format_errors
 from encoderpool_operator.naming import (
     ANNOTATION_REPORT_DIGEST,
@@ -47,7 +47,6 @@ from encoderpool_operator.reconcile.compare import is_subset
 from encoderpool_operator.reconcile.snapshot import Snapshot
 from encoderpool_operator.render.widths import (
     MEASURE_CONTAINER,
-    TERMINATION_LOG,
     report_digest,
     width_job,
     width_report_configmap,

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from encoderpool_operator.api import HUB_TOKEN_ENV, EncoderPool, ResourceRequirements, RoleSpec
-from encoderpool_operator.naming import child_meta, selector_labels
+from encoderpool_operator.naming import VLLM_CONTAINER, child_meta, selector_labels
 
 # Inside the pods, not on this host: where they listen, and their shared-memory mount.
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104
@@ -60,7 +60,7 @@ def restrict(pod_spec: dict[str, Any], vllm_security: Mapping[str, Any]) -> None
             for key in ("runAsUser", "runAsGroup"):
                 if sc.get(key) == 0:
                     del sc[key]
-            mine = vllm_security if c.get("name") == "vllm" else RESTRICTED_CONTAINER
+            mine = vllm_security if c.get("name") == VLLM_CONTAINER else RESTRICTED_CONTAINER
             sc.update(copy.deepcopy(dict(mine)))
 
 

@@ -16,6 +16,8 @@ from typing import Any
 from encoderpool_contracts import (
     API_GUARD_MIDDLEWARE,
     CHANNEL_KEY_ENV,
+    TERMINATION_LOG,
+    TERMINATION_LOG_ENV,
     VLLM_API_KEY_ENV,
     ConnectorConfig,
 )
@@ -28,6 +30,7 @@ from encoderpool_operator.naming import (
     CONSUMER,
     FIELD_MANAGER,
     PRODUCER,
+    VLLM_CONTAINER,
     Ref,
     child_meta,
     config_hash,
@@ -209,6 +212,8 @@ def vllm_deployment(
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "DO_NOT_TRACK", "value": "1"},
         {"name": "HOME", "value": "/home/vllm"},
+        # Where the connector leaves a refusal to start (the operator reads it back).
+        {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG},
         # A redirect can lead a media fetch anywhere (the last value of a name wins).
         {
             "name": "VLLM_MEDIA_URL_ALLOW_REDIRECTS",
@@ -235,7 +240,7 @@ def vllm_deployment(
     if wire.capabilities:
         security["capabilities"] = {"drop": ["ALL"], "add": list(wire.capabilities)}
     container: dict[str, Any] = {
-        "name": "vllm",
+        "name": VLLM_CONTAINER,
         "image": spec.image,
         "command": ["vllm"],
         "args": vllm_args(pool, role, config),
@@ -250,6 +255,8 @@ def vllm_deployment(
         "startupProbe": http_probe(period=10, failures=180),
         "readinessProbe": http_probe(period=5, failures=3),
         "livenessProbe": http_probe(period=15, failures=4),
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
     }
     if drain(role, role_spec):
         container["lifecycle"] = {"preStop": {"sleep": {"seconds": DRAIN_SECONDS}}}

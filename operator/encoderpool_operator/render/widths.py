@@ -12,7 +12,13 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from encoderpool_contracts import CONFIGMAP_KEY, LABEL_FINGERPRINT, ModelIdentity, configmap_name
+from encoderpool_contracts import (
+    CONFIGMAP_KEY,
+    LABEL_FINGERPRINT,
+    TERMINATION_LOG,
+    ModelIdentity,
+    configmap_name,
+)
 from encoderpool_contracts.pod import MEASURE_MODULE
 from encoderpool_operator.api import EncoderPool
 from encoderpool_operator.kinds import CONFIG_MAP, JOB, POD
@@ -45,7 +51,6 @@ from encoderpool_operator.render.pod import (
 
 MEASURE_CONTAINER = "measure"
 # Where the width Job's container leaves its report; the kubelet keeps it in the pod's status.
-TERMINATION_LOG = "/dev/termination-log"
 # Env the width Job's vLLM, Hugging Face hub and transformers read (what model files are
 # fetched, how they load): part of the report key. Other names (labels for logs, a team
 # name) would re-measure the model for nothing.
