@@ -16,13 +16,14 @@ CHECKS ?= tools/checks.sh
 # e.g. make demo DEMO_ARGS="--transport rdma"
 DEMO_ARGS ?=
 
-.PHONY: help venv cluster-bin prepare lint crds test demo demo-local clean-cache
+.PHONY: help venv cluster-bin prepare lint crds test demo demo-local gpu-image clean-cache
 help:
 	@echo "make demo       - the pool as users run it: kind, images, the chart, a sample EncoderPool, a request"
 	@echo "make demo-local - the same without Docker: local control plane, pods as local processes"
 	@echo "make test       - everything: lint, types, unit tests, real vLLM, real control plane, kind"
 	@echo "make lint       - ruff, ruff format, mypy, import rules (the gate of make test)"
 	@echo "make crds       - regenerate crds/, the chart's generated files and docs/api.md's tables from the pydantic models"
+	@echo "make gpu-image  - the GPU image (vLLM 0.34 for CUDA + the connector) built offline and checked in it"
 
 venv:
 	@tools/venv.sh >/dev/null
@@ -56,6 +57,12 @@ demo: venv cluster-bin
 demo-local: venv cluster-bin
 	@V=$$(tools/venv.sh); export ENCODERPOOL_BIN=$$(e2e/cluster/build.sh); \
 	  $$V/bin/python -m e2e.demo $(DEMO_ARGS)
+
+# Not in make test: 4 GB of wheels and a 10 GB image (docs/install.md#the-gpu-image).
+gpu-image: venv
+	@export DOCKER_HOST=$${DOCKER_HOST:-$$(tools/dockerd.sh start | tail -1)}; \
+	  img=$$(docker/build.sh --gpu | sed -n 's/^VLLM_GPU_IMAGE=//p') && \
+	  docker/check-gpu-image.sh "$$img" && echo "VLLM_GPU_IMAGE=$$img"
 
 clean-cache:
 	rm -rf $(ENCODERPOOL_CACHE)

@@ -7,6 +7,10 @@
 #   docker/build.sh --fetch   only what the offline build downloads (wheelhouses, the Debian
 #                             base tarball), no engine needed: tools/prepare.sh runs it
 #                             while Go builds the clusters' binaries
+#   docker/build.sh --gpu     offline, only the GPU image: vLLM for CUDA from PyPI's wheels
+#                             (requirements/vllm-gpu-lock.txt) with the connector, on the
+#                             same Debian base; prints VLLM_GPU_IMAGE. Not in make test:
+#                             4 GB of wheels and a ~10 GB image (docs/install.md)
 # Prints KEY=image lines: BASE_IMAGE (python only), OPERATOR_IMAGE (operator + router),
 # VLLM_IMAGE (vLLM + connector).
 # Env: DOCKER_HOST (tools/dockerd.sh start), ENCODERPOOL_CACHE; online only: PYTHON_BASE
@@ -21,6 +25,7 @@ root=$(cd "$here/.." && pwd)
 cache=${ENCODERPOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/encoderpool}
 online=0; [ "${1:-}" = --online ] && online=1
 fetch=0; [ "${1:-}" = --fetch ] && fetch=1
+gpu=0; [ "${1:-}" = --gpu ] && gpu=1
 # Online, the bases come from registries: by digest only (a tag can be moved under us).
 if [ $online = 1 ] && [ "${ENCODERPOOL_UNPINNED_BASES:-0}" != 1 ]; then
   for ref in "${PYTHON_BASE:-python:3.11.11-slim-bookworm}" \
@@ -35,6 +40,11 @@ hash() { sha256sum | cut -c1-12; }
 sources() { (cd "$root" && git ls-files -co --exclude-standard -- pyproject.toml README.md contracts operator connector router); }
 source_key() { (cd "$root" && sources | sort | while read -r f; do echo "$f"; cat "$f"; done) | hash; }
 have() { docker image inspect "$1" >/dev/null 2>&1; }
+# Keep only the current tag of each image (a new source gives a new tag; each vLLM tag
+# is a thin layer on the shared base, but the engine's data would still grow).
+prune() {  # repository keep
+  docker images --format '{{.Repository}}:{{.Tag}}' "$1" | grep -vxF "$2" | xargs -r docker rmi >/dev/null 2>&1 || true
+}
 
 # The Debian base every offline image starts from: python3 and a uid 1000 user (torch and
 # vLLM look the user up; pods run as 1000). Never a registry pull.
@@ -117,6 +127,49 @@ else
   pip_args=(--build-arg "PIP_INDEX_ARGS=--no-index --find-links /wheels"); tag_suffix=
 fi
 
+# The GPU image (--gpu). Its base is made without a Dockerfile: the legacy builder would keep
+# the 4 GB of wheels as a layer of their own, so a container installs them from a read-only
+# mount (no network) and is committed. Then vllm.Dockerfile adds the connector, with the GPU
+# lock's pins as its constraints.
+if [ $gpu = 1 ]; then
+  [ $online = 0 ] || { log "--gpu builds offline only"; exit 2; }
+  gpu_lock=$root/requirements/vllm-gpu-lock.txt
+  gpu_vllm=$(sed -n -E 's/^vllm==([^ ]+) .*/\1/p' "$gpu_lock")
+  gpu_base=encoderpool.local/vllm-gpu-base:$gpu_vllm-$( { echo "$py_base"; cat "$gpu_lock"; } | hash)
+  if ! have "$gpu_base"; then
+    wheels=$cache/wheels/vllm-gpu-$(hash < "$gpu_lock")
+    if [ ! -f "$wheels/.complete" ]; then
+      log "wheelhouse vllm-gpu (pip download: about 4 GB)"
+      rm -rf "$wheels"; mkdir -p "$wheels"
+      "$venv/bin/python" -m pip download --disable-pip-version-check -q --no-deps \
+        --require-hashes --only-binary=:all: -r "$gpu_lock" -d "$wheels" >&2
+      touch "$wheels/.complete"
+    fi
+    t0=$(date +%s)
+    cid=$(docker create --network none -v "$wheels:/wheels:ro" -v "$gpu_lock:/tmp/lock.txt:ro" \
+      "$py_base" sh -c 'python3 -m venv /opt/vllm && /opt/vllm/bin/pip install -q \
+        --no-cache-dir --no-compile --no-index --find-links /wheels --require-hashes --no-deps \
+        -r /tmp/lock.txt')
+    docker start -a "$cid" >&2 || { docker rm "$cid" >/dev/null; exit 1; }
+    docker commit \
+      --change 'ENV PATH=/opt/vllm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+      --change 'ENV PYTHONUNBUFFERED=1' --change 'ENTRYPOINT ["vllm", "serve"]' \
+      "$cid" "$gpu_base" >/dev/null
+    docker rm "$cid" >/dev/null
+    log "built $gpu_base in $(( $(date +%s) - t0 )) s"
+  fi
+  gpu_image=encoderpool.local/vllm-gpu:$gpu_vllm-$( { echo "$gpu_base $src_key"; cat "$here/vllm.Dockerfile"; } | hash)
+  if ! have "$gpu_image"; then
+    ctx=$(context vllm-gpu "$(wheelhouse build-backend "$backend_key" "setuptools>=70")")
+    "$venv/bin/python" "$root/tools/lock_hashes.py" --pins "$gpu_lock" > "$ctx/requirements/constraints.txt"
+    build "$gpu_image" "$here/vllm.Dockerfile" "$ctx" --build-arg "VLLM_BASE=$gpu_base" "${pip_args[@]}"
+  fi
+  prune encoderpool.local/vllm-gpu "$gpu_image"
+  prune encoderpool.local/vllm-gpu-base "$gpu_base"
+  echo "VLLM_GPU_IMAGE=$gpu_image"
+  exit 0
+fi
+
 # vLLM for CPUs (offline only; online it is vLLM's own image)
 if [ $online = 0 ]; then
   vllm_base=encoderpool.local/vllm-cpu-base:0.32.0-$( { echo "$py_base"; echo "$lock_key"; } | hash)
@@ -143,11 +196,6 @@ if ! have "$operator_image"; then
   build "$operator_image" "$here/operator.Dockerfile" "$(context operator "$wheels")" \
     --build-arg "PYTHON_BASE=$py_base" "${pip_args[@]}"
 fi
-# Keep only the current tag of each image (a new source gives a new tag; each vLLM tag
-# is a thin layer on the shared base, but the engine's data would still grow).
-prune() {  # repository keep
-  docker images --format '{{.Repository}}:{{.Tag}}' "$1" | grep -vxF "$2" | xargs -r docker rmi >/dev/null 2>&1 || true
-}
 prune encoderpool.local/vllm-cpu "$vllm_image"
 prune encoderpool.local/encoderpool-operator "$operator_image"
 [ $online = 0 ] && prune encoderpool.local/vllm-cpu-base "$vllm_base"

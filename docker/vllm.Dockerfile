@@ -1,9 +1,11 @@
 # vLLM with the encoderpool EC connector (shared volume and rdma) and the width Job's
 # entrypoint installed: the image an EncoderPool's spec.image names. vLLM itself is
 # unchanged: the connector loads out of tree through --ec-transfer-config's
-# ec_connector_module_path. VLLM_BASE must be a vLLM 0.32.0 image: the official CUDA one
-# (default), vLLM's CPU release image for CPU-only clusters, or vllm-cpu.Dockerfile's
-# image where no registry is reachable (docker/build.sh picks). Pin it by digest.
+# ec_connector_module_path. VLLM_BASE must be a vLLM image of a supported release
+# (docs/connector.md): the official CUDA one (default), vLLM's CPU release image for
+# CPU-only clusters, vllm-cpu.Dockerfile's image where no registry is reachable, or the
+# GPU base docker/build.sh --gpu makes from PyPI's wheels (vLLM 0.34; it then replaces
+# requirements/constraints.txt with that lock's pins). Pin it by digest.
 ARG VLLM_BASE=vllm/vllm-openai:v0.32.0
 FROM ${VLLM_BASE}
 # vLLM's model-class answers, computed once here instead of in a subprocess at every pod
