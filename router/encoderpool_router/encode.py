@@ -36,10 +36,10 @@ from encoderpool_router.config import RouterSettings
 from encoderpool_router.content import modality
 from encoderpool_router.demand import EncoderDemand, decide
 from encoderpool_router.intake import Media
-from encoderpool_router.media import encoder_request_parts
 from encoderpool_router.metrics import RouterMetrics
 from encoderpool_router.parts import payload
 from encoderpool_router.policy import RecentlyEncoded, choose_producer
+from encoderpool_router.producer_request import encoder_request_parts
 from encoderpool_router.protocol import CHAT_PATH
 from encoderpool_router.upstream import JSON, Upstream, UpstreamError
 

@@ -20,15 +20,10 @@ from encoderpool_router.body import ClientBody, NotAnObject, parse
 from encoderpool_router.budget import BODY_COPIES, Lease
 from encoderpool_router.config import RouterSettings
 from encoderpool_router.content import PartRefused, ReadItems
-from encoderpool_router.media import (
-    media_key,
-    media_url,
-    mm_kwargs_problem,
-    over_limits,
-    url_problem,
-)
+from encoderpool_router.media import media_key, media_url, mm_kwargs_problem, over_limits
 from encoderpool_router.protocol import INVALID, TOO_DEEP, Refused, invalid
 from encoderpool_router.responses import Unsupported
+from encoderpool_router.url_guard import url_problem
 
 # An API's reader of media items (``content.read_media`` for chat): the body and whether
 # client uuids are kept; ``PartRefused`` or ``responses.Unsupported`` for a refusal.

@@ -1,23 +1,22 @@
-"""Media items of an OpenAI chat request, and the per-item request a producer gets."""
+"""Media items of a request: their limits (how many, per modality; the media kwargs a
+trusted client may send), the URL a part names and the key that names an item. The URL
+guard is ``url_guard``; what a producer is asked for one item, ``producer_request``."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import socket
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from blake3 import blake3
 
-from encoderpool_router.content import modality, url_unreadable
+from encoderpool_router.content import modality
 
 # Request fields that change what the encoder emits, so a producer must see them too:
 # the HF processor's arguments, and how media are decoded (a video's frames: num_frames,
 # fps). A producer that decoded otherwise would publish an embedding the consumer
 # cannot use (other token count) and the consumer would encode the item itself.
-_ENCODER_FIELDS = ("mm_processor_kwargs", "media_io_kwargs")
+ENCODER_FIELDS = ("mm_processor_kwargs", "media_io_kwargs")
 # A trusted request's media kwargs, serialised, at most this long: they are a few knobs
 # (num_frames, fps, max_pixels), and each producer request of the body carries them.
 MM_KWARGS_BYTES = 4096
@@ -37,7 +36,7 @@ def mm_kwargs_problem(body: dict[str, Any], trusted: bool) -> str | None:
     dropped: a request quietly answered with other frames than asked for would be
     wrong. Trusted, they pass on, bounded in size and depth.
     """
-    for name in _ENCODER_FIELDS:
+    for name in ENCODER_FIELDS:
         value = body.get(name)
         if not value:
             continue
@@ -101,65 +100,6 @@ def media_url(part: dict[str, Any]) -> str | None:
     return url if isinstance(url, str) else None
 
 
-def _private(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return not ip.is_global
-
-
-def url_problem(
-    url: str, allowed_domains: tuple[str, ...], allow_private: bool, resolve: bool = True
-) -> str | None:
-    """Why a media URL may not be fetched (a 400's message), or None.
-
-    Only http(s) and inline data; only hosts of the allow-list when there is one;
-    never a private, loopback or link-local address (as a literal, or as what the
-    name resolves to here) unless ``allow_private``. vLLM resolves again when it
-    fetches, so this is a guard, not a wall: NetworkPolicy egress is the wall.
-    Never raises: what it cannot read is refused.
-    """
-    if unreadable := url_unreadable(url):
-        return unreadable
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # "data://[": url_unreadable leaves inline data unparsed
-        return "the media URL cannot be parsed"
-    scheme = parts.scheme.lower()
-    if scheme == "data":
-        return None
-    if scheme not in ("http", "https"):
-        return f"media URL scheme {scheme or '(none)'!r} is refused; use http, https or data"
-    host = (parts.hostname or "").lower()
-    if not host:
-        return "media URL has no host"
-    if allowed_domains and host not in allowed_domains:
-        return f"media URL host {host!r} is not among the allowed domains"
-    if allow_private:
-        return None
-    try:
-        addresses = [host] if _is_ip(host) else _resolve(host) if resolve else []
-    except OSError:
-        return None  # unresolvable here: vLLM's fetch fails on its own
-    except ValueError:  # UnicodeError: IDNA refuses it (an empty label, one over 63 ...)
-        return f"media URL host {host!r} is not a valid host name"
-    if any(_private(a) for a in addresses):
-        return f"media URL host {host!r} is a private, loopback or link-local address"
-    return None
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    return True
-
-
-def _resolve(host: str) -> list[str]:
-    return [str(info[4][0]) for info in socket.getaddrinfo(host, None)]
-
-
 def media_key(
     part: dict[str, Any], utf8_of: Callable[[str], memoryview | None] | None = None
 ) -> bytes:
@@ -193,53 +133,3 @@ def _utf8(text: str) -> bytes:
     """``text``'s UTF-8, a lone surrogate encoded as itself instead of raising: bytes no
     valid string's UTF-8 holds, so distinct strings still give distinct bytes."""
     return text.encode("utf-8", "surrogatepass")
-
-
-def encoder_request(body: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
-    """One item alone, decoding nothing: the producer encodes and publishes it."""
-    req: dict[str, Any] = {
-        "messages": [{"role": "user", "content": [part]}],
-        "max_tokens": 1,
-        "stream": False,
-    }
-    if "model" in body:
-        req["model"] = body["model"]
-    for name in _ENCODER_FIELDS:
-        if name in body:
-            req[name] = body[name]
-    return req
-
-
-def encoder_request_bytes(
-    body: dict[str, Any],
-    part: dict[str, Any],
-    literal: Callable[[str], memoryview | None] | None = None,
-) -> bytes:
-    """``encoder_request`` serialised. A long media URL (a data: URL of a large image)
-    is not serialised again: ``literal`` finds its JSON literal in the client's bytes
-    (``ClientBody.literal``) and that is copied in, once."""
-    parts = encoder_request_parts(body, part, literal)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def encoder_request_parts(
-    body: dict[str, Any],
-    part: dict[str, Any],
-    literal: Callable[[str], memoryview | None] | None = None,
-) -> tuple[bytes] | tuple[bytes, memoryview, bytes]:
-    """``encoder_request_bytes`` unjoined: with a literal found, the serialised head,
-    the literal (a view of the client's bytes) and the tail, sent as they are."""
-    req = encoder_request(body, part)
-    url = media_url(part)
-    found = literal(url) if literal is not None and url is not None else None
-    if found is None:
-        return (json.dumps(req).encode(),)
-    kind = str(part["type"])
-    marker = "\u0000encoderpool-url\u0000"
-    stub = {**part, kind: {**part[kind], "url": marker}}
-    text = json.dumps({**req, "messages": [{"role": "user", "content": [stub]}]}).encode()
-    quoted = json.dumps(marker).encode()
-    if text.count(quoted) != 1:  # the marker spelled elsewhere too (a client's key or value)
-        return (json.dumps(req).encode(),)
-    head, _, tail = text.partition(quoted)
-    return head, found, tail

@@ -16,7 +16,8 @@ import pytest
 
 from encoderpool_router import body as body_mod
 from encoderpool_router.body import NotAnObject, parse, splice_last_field, string_literal
-from encoderpool_router.media import encoder_request, encoder_request_bytes, media_key
+from encoderpool_router.media import media_key
+from encoderpool_router.producer_request import encoder_request, encoder_request_bytes
 
 EC = "ec_transfer_params"
 PARAMS = {"abc123": {"num_encoder_tokens": 16, "encoderpool": {"v": 1, "fingerprint": "0" * 16}}}

@@ -25,7 +25,7 @@ import pytest
 from aiohttp import web
 
 from e2e.media import data_url, image
-from encoderpool_router import media
+from encoderpool_router import media, url_guard
 from encoderpool_router.app import Router, build_app
 from encoderpool_router.config import RouterSettings
 from encoderpool_router.content import PartRefused, read_media
@@ -304,7 +304,7 @@ RAW: tuple[bytes, ...] = (
 
 
 def _resolve_offline(host: str) -> list[str]:
-    """``media._resolve`` without DNS: the real ``getaddrinfo`` takes the name apart (so
+    """``url_guard._resolve`` without DNS: the real ``getaddrinfo`` takes the name apart (so
     it raises as it does for a lookup), numeric hosts resolve, every name is public."""
     try:
         return [
@@ -317,7 +317,7 @@ def _resolve_offline(host: str) -> list[str]:
 
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(media, "_resolve", _resolve_offline)
+    monkeypatch.setattr(url_guard, "_resolve", _resolve_offline)
 
 
 @pytest.fixture
@@ -721,14 +721,14 @@ def test_an_unreadable_url_or_uuid_is_a_400_naming_the_part(
     ],
 )
 def test_the_url_guard_refuses_what_it_cannot_read_and_never_raises(url: str) -> None:
-    problem = media.url_problem(url, (), allow_private=False)
+    problem = url_guard.url_problem(url, (), allow_private=False)
     assert problem is not None
 
 
 def test_the_url_guard_still_passes_good_urls() -> None:
-    assert media.url_problem("https://example.com/a.png", (), allow_private=False) is None
-    assert media.url_problem(PNG, (), allow_private=False) is None
-    assert media.url_problem("https://\u00e9.example/a.png", (), allow_private=False) is None
+    assert url_guard.url_problem("https://example.com/a.png", (), allow_private=False) is None
+    assert url_guard.url_problem(PNG, (), allow_private=False) is None
+    assert url_guard.url_problem("https://\u00e9.example/a.png", (), allow_private=False) is None
 
 
 def test_media_keys_are_total_and_tell_strings_apart() -> None:

@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestServer
 
 from encoderpool_router import parts as parts_mod
 from encoderpool_router.body import parse
-from encoderpool_router.media import encoder_request_bytes, encoder_request_parts
 from encoderpool_router.parts import PartsPayload, payload
+from encoderpool_router.producer_request import encoder_request_bytes, encoder_request_parts
 
 from .test_body import PARAMS, chat, long_url
 

@@ -10,13 +10,14 @@ import pytest
 from e2e.media import image, image_part
 from encoderpool_router.backends import Backend, BackendSet
 from encoderpool_router.content import PartRefused, read_media
-from encoderpool_router.media import encoder_request, media_key
+from encoderpool_router.media import media_key
 from encoderpool_router.policy import (
     RecentlyEncoded,
     choose_consumer,
     choose_producer,
     hrw_rank,
 )
+from encoderpool_router.producer_request import encoder_request
 
 KEYS = [hashlib.sha256(str(i).encode()).digest()[:16] for i in range(4000)]
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from e2e.media import chat_request, image, video, video_part
 from encoderpool_router.content import read_media
-from encoderpool_router.media import encoder_request, media_key, mm_kwargs_problem, over_limits
+from encoderpool_router.media import media_key, mm_kwargs_problem, over_limits
+from encoderpool_router.producer_request import encoder_request
 
 
 def test_video_items_are_media_counted_as_video() -> None:
