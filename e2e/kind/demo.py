@@ -21,15 +21,11 @@ from e2e.cluster.runner import bin_dir
 from e2e.demo import say, stage
 from e2e.kind.cluster import Engine, Images, KindCluster
 from e2e.kind.pool import (
-    cache_volume,
     chat,
     consumer_loads,
     encoded,
-    example,
-    for_kind,
-    model_volume,
     monolithic_token_ids,
-    rdma,
+    sample_pool,
     wait_ready,
 )
 from e2e.media import chat_request, image, token_ids
@@ -67,14 +63,9 @@ def main(argv: list[str]) -> int:
         with stage("4/8 helm install charts/encoderpool-operator"):
             kind.install_operator(images)
         with stage("5/8 the model on a PersistentVolumeClaim, the sample EncoderPool"):
-            kind.namespace(NAMESPACE)
-            model_volume(kind, NAMESPACE, ensure_tiny_model())
-            pool = for_kind(example("pool-shared-volume.yaml"), images.vllm)
-            if args.transport == "rdma":
-                pool = rdma(pool)
-            else:
-                cache_volume(kind, NAMESPACE)
-            pool["metadata"] = {"name": "tiny", "namespace": NAMESPACE}
+            pool = sample_pool(
+                kind, NAMESPACE, "tiny", ensure_tiny_model(), images.vllm, transport=args.transport
+            )
             kind.apply(pool)
         with stage("6/8 kubectl wait --for=condition=Ready epool/tiny (width Job, then pods)"):
             wait_ready(kind, NAMESPACE, "tiny")

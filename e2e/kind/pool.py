@@ -52,6 +52,33 @@ def for_kind(pool: dict[str, Any], image: str) -> dict[str, Any]:
     return pool
 
 
+def sample_pool(
+    kind: KindCluster,
+    namespace: str,
+    name: str,
+    model: Path,
+    image: str,
+    *,
+    transport: str = "sharedVolume",
+    cache_tmpfs_mib: int | None = None,
+) -> dict[str, Any]:
+    """The shipped shared-volume example as the kind suites, the demo and the autoscale
+    benchmark run it (``for_kind``), named ``name`` in ``namespace``, with what it needs
+    made there first: the namespace, the model on a PersistentVolumeClaim and, for the
+    shared volume, the cache volume (a tmpfs of ``cache_tmpfs_mib`` when given).
+    ``transport="rdma"``: the same pool over NIXL (``rdma``), no cache volume. Returned,
+    not applied: each caller adds what it tests."""
+    kind.namespace(namespace)
+    model_volume(kind, namespace, model)
+    pool = for_kind(example("pool-shared-volume.yaml"), image)
+    if transport == "rdma":
+        pool = rdma(pool)
+    else:
+        cache_volume(kind, namespace, tmpfs_mib=cache_tmpfs_mib)
+    pool["metadata"] = {"name": name, "namespace": namespace}
+    return pool
+
+
 def rdma(pool: dict[str, Any]) -> dict[str, Any]:
     """The same pool on the rdma transport: NIXL over UCX on TCP and shared memory between
     real pods (what a node without an RDMA NIC has), a small registered buffer."""

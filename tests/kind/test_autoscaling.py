@@ -41,16 +41,13 @@ from e2e.kind.load import Answer, Load, ReplicaSampler, failures, mismatches, mo
 from e2e.kind.pool import (
     MODEL_CLAIM,
     cache_dir_on_node,
-    cache_volume,
     chat,
     condition,
     encoded,
-    example,
-    for_kind,
-    model_volume,
     monolithic,
     patch_spec,
     release_cache_volume,
+    sample_pool,
     wait_ready,
 )
 from e2e.media import chat_request, image
@@ -108,12 +105,8 @@ def prometheus_address(kind: KindCluster, engine: Engine, operator: str, images:
 def pool(
     kind: KindCluster, prometheus_address: str, images: Images, tiny_model_dir: Path
 ) -> Iterator[dict[str, Any]]:
-    kind.namespace(NS)
-    model_volume(kind, NS, tiny_model_dir)
     # A small tmpfs under the 1Gi the volume claims: the alerts' test fills it.
-    cache_volume(kind, NS, tmpfs_mib=CACHE_TMPFS_MIB)
-    spec = for_kind(example("pool-shared-volume.yaml"), images.vllm)
-    spec["metadata"] = {"name": POOL, "namespace": NS}
+    spec = sample_pool(kind, NS, POOL, tiny_model_dir, images.vllm, cache_tmpfs_mib=CACHE_TMPFS_MIB)
     spec["spec"]["producer"]["autoscaling"] = PRODUCER_AUTOSCALING
     spec["spec"]["consumer"]["autoscaling"] = CONSUMER_AUTOSCALING
     spec["spec"]["networkPolicy"] = {

@@ -17,10 +17,7 @@ import pytest
 from e2e.kind.cluster import Images, KindCluster, host_sysctls
 from e2e.kind.pool import (
     encoded,
-    example,
-    for_kind,
-    model_volume,
-    rdma,
+    sample_pool,
     status,
     token_ids_pool_and_monolithic,
     wait_ready,
@@ -37,10 +34,7 @@ POOL = "tiny-rdma"
 def pool(
     kind: KindCluster, operator: str, images: Images, tiny_model_dir: Path
 ) -> Iterator[dict[str, Any]]:
-    kind.namespace(NS)
-    model_volume(kind, NS, tiny_model_dir)
-    spec = rdma(for_kind(example("pool-shared-volume.yaml"), images.vllm))
-    spec["metadata"] = {"name": POOL, "namespace": NS}
+    spec = sample_pool(kind, NS, POOL, tiny_model_dir, images.vllm, transport="rdma")
     kind.apply(spec)
     yield spec
     kind.kubectl("delete", "namespace", NS, "--wait=false", check=False)

@@ -21,14 +21,11 @@ import pytest
 
 from e2e.kind.cluster import CHART, OPERATOR_NS, Images, KindCluster, host_sysctls
 from e2e.kind.pool import (
-    cache_volume,
     condition,
     encoded,
-    example,
-    for_kind,
     logs,
-    model_volume,
     patch_spec,
+    sample_pool,
     status,
     token_ids_pool_and_monolithic,
     wait_ready,
@@ -55,11 +52,7 @@ def pool_status(kind: KindCluster) -> dict[str, Any]:
 def pool(
     kind: KindCluster, operator: str, images: Images, tiny_model_dir: Path
 ) -> Iterator[dict[str, Any]]:
-    kind.namespace(NS)
-    model_volume(kind, NS, tiny_model_dir)
-    cache_volume(kind, NS)
-    spec = for_kind(example("pool-shared-volume.yaml"), images.vllm)
-    spec["metadata"] = {"name": POOL, "namespace": NS}
+    spec = sample_pool(kind, NS, POOL, tiny_model_dir, images.vllm)
     kind.apply(spec)
     yield spec
     kind.kubectl("delete", "namespace", NS, "--wait=false", check=False)  # free the node
