@@ -13,8 +13,7 @@ stalling the encoder or allocating on its step.
 Counters (each transport declares them in its table): ``saves_queued``,
 ``saves_dropped``, ``saves_dropped_staging``. A transport subclasses ``SaveQueue``
 with its ``_publish`` (and ``_dropped`` for a queued save the writer gives up on): the
-rdma writer does. The shared volume's ``BackgroundWriter`` is the same logic, written
-before this module; it can become a subclass (its tests use the same names).
+shared volume's ``BackgroundWriter`` and the rdma writer do.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Worker side of the shared-volume connector: a background writer (producers), loads (consumers).
 
-The producer's ``save_caches`` queues the output for the ``BackgroundWriter``.
-A host (CPU) output is queued as it is, by reference: vLLM never writes an
-encoder output again, so copying it on the step would only cost the step. A
-device output is copied into a lease of the writer's staging pool
-(``core.staging``: pinned host memory allocated once) on a copy stream after the
-encoder's work (``core.streams``), and the writer thread waits for it, never the
-step. The writer checksums, writes a temp file, publishes it, and only then lets
-go of the output or the lease. A full queue, or outputs past the staging limit,
-drop the save (counted) instead of stalling the encoder or allocating on its step.
+The producer's ``save_caches`` queues the output for the ``BackgroundWriter``, a
+``core.savequeue.SaveQueue`` as the rdma writer is, so the two cannot drift: host
+outputs by reference, device outputs through the bounded staging pool on a copy
+stream, a full queue or pool dropping the save (counted), never the step waiting.
+The writer checksums, writes a temp file, publishes it, and only then lets go of the
+output or the lease.
 
 The consumer loads only what the scheduler side verified and pinned, with
 one read straight into a reused, already-touched buffer (``core.loadbuffers``):
@@ -21,24 +18,20 @@ scheduler drops a pin once all ranks have.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import queue
-import threading
 import time
-from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from encoderpool_connector.core.loadbuffers import LoadBuffers, as_tensor
 from encoderpool_connector.core.ranks import Failing, Rank, recompute
-from encoderpool_connector.core.staging import HeldBytes, StagingLease, StagingPool
+from encoderpool_connector.core.savequeue import QueuedSave, SaveQueue
 from encoderpool_connector.core.stats import LockedStats
-from encoderpool_connector.core.streams import CopyQueued, DeviceUploads, SaveCopies
+from encoderpool_connector.core.streams import DeviceUploads
 from encoderpool_connector.core.tensors import TORCH_DTYPES, OnDevice
 from encoderpool_connector.shared_volume.entry import EntryError, Header, entry_name
 from encoderpool_connector.shared_volume.metadata import (
@@ -62,24 +55,6 @@ DEFAULT_LOAD_BUFFER_BYTES = 256 << 20
 # image embeddings with room to spare, or one output of up to 256 MiB. Host outputs,
 # held by reference, are bounded by the same number of bytes.
 DEFAULT_SAVE_STAGING_BYTES = 256 << 20
-# The writer starts on a save only once no other was submitted for this long. A step
-# submits its outputs in one burst, and every torch call in a submit lets the GIL go: a
-# writer already running Python would hold each submit up to the interpreter's switch
-# interval (5 ms; measured on the 2-core VM: 5.3 ms per submit instead of 0.014).
-WRITER_QUIET_S = 0.002
-# ...but never waits longer than this for a quiet moment (saves that never pause).
-WRITER_QUIET_MAX_S = 0.02
-
-
-@dataclass
-class _Save:
-    mm_hash: str
-    # A device output's bytes in ``lease`` (a view of the staging pool), or a host output
-    # itself (held by reference, ``held`` bytes of the writer's budget).
-    tensor: torch.Tensor
-    ready: Any  # a device event to wait on before reading ``tensor``, or None
-    lease: StagingLease | None  # given back once the entry is written (or failed)
-    held: int = 0
 
 
 def writer_stats() -> LockedStats[SharedVolumeStats]:
@@ -87,8 +62,11 @@ def writer_stats() -> LockedStats[SharedVolumeStats]:
     return LockedStats(SharedVolumeStats)
 
 
-class BackgroundWriter:
-    """One thread that publishes queued encoder outputs; ``close`` flushes what is queued."""
+class BackgroundWriter(SaveQueue):
+    """One thread that publishes queued encoder outputs as entries of the store
+    (``core.savequeue``); ``close`` flushes what is queued."""
+
+    queue_hint: ClassVar[str] = "raise shared_volume.writer_queue or check the volume"
 
     def __init__(
         self,
@@ -100,201 +78,10 @@ class BackgroundWriter:
     ) -> None:
         self.store = store
         self.fingerprint = fingerprint
-        self.stats = stats
-        self.staging = StagingPool(staging_bytes)
-        self.held = HeldBytes(self.staging.limit_bytes)
-        self._copies: SaveCopies | None = None  # made on the first CUDA save
-        self._queue: queue.Queue[_Save | None] = queue.Queue(maxsize=maxsize)
-        self._dropped_logged = 0.0
-        self._staging_logged = 0.0
-        self._last_submit = 0.0  # monotonic time of the latest submit (see WRITER_QUIET_S)
-        # Daemon plus an atexit flush: vLLM calls shutdown() on some exit paths only, and a
-        # non-daemon thread would keep a worker that skipped it from ever exiting.
-        self._thread = threading.Thread(target=self._run, name="ep-writer", daemon=True)
-        self._thread.start()
-        self._closed = False
-        atexit.register(self.close)
+        super().__init__(maxsize, stats, staging_bytes)
 
-    def submit(self, mm_hash: str, tensor: torch.Tensor) -> bool:
-        """Queue a save without blocking, allocating, or (host outputs) copying; False (and
-        counted) when the queue is full or the staging limit is reached."""
-        self._last_submit = time.monotonic()
-        if self._queue.full():  # checked first: a save that cannot be queued is not copied
-            self._drop_queue_full()
-            return False
-        t = tensor.detach()
-        if self.by_reference(t):
-            nbytes = t.numel() * t.element_size()
-            save = _Save(mm_hash, t, None, None, nbytes) if self.held.take(nbytes) else None
-        else:
-            staged = self._to_host(t)
-            save = None if staged is None else _Save(mm_hash, *staged)
-        if save is None:
-            self._drop_no_staging(t)
-            return False
-        try:
-            self._queue.put_nowait(save)
-        except queue.Full:  # another thread filled it meanwhile
-            self._let_go(save, after=save.ready)
-            self._drop_queue_full()
-            return False
-        self.stats.add("saves_queued")
-        return True
-
-    @staticmethod
-    def by_reference(tensor: torch.Tensor) -> bool:
-        """Whether the writer keeps the output itself rather than a staged copy: host
-        memory, which vLLM only reads after the step and frees by dropping its reference
-        (the encoder cache's ``pop``), so the bytes stay as they were while the writer
-        holds them."""
-        return bool(tensor.device.type == "cpu")
-
-    def _let_go(self, save: _Save, after: Any = None) -> None:
-        """Give back what ``save`` holds: its staging lease (once ``after`` reports done)
-        or its bytes of the reference budget."""
-        if save.lease is not None:
-            self.staging.give_back(save.lease, after=after)
-        if save.held:
-            self.held.give_back(save.held)
-
-    def _drop_queue_full(self) -> None:
-        self.stats.add("saves_dropped")
-        now = time.monotonic()
-        if now - self._dropped_logged > 10:
-            self._dropped_logged = now
-            logger.warning(
-                "encoderpool: writer queue full (%d); dropping saves, consumers will "
-                "encode those items (raise shared_volume.writer_queue or check the volume)",
-                self._queue.maxsize,
-            )
-
-    def _drop_no_staging(self, tensor: torch.Tensor) -> None:
-        self.stats.add_many({"saves_dropped": 1, "saves_dropped_staging": 1})
-        now = time.monotonic()
-        if now - self._staging_logged > 10:
-            self._staging_logged = now
-            if self.by_reference(tensor):
-                logger.warning(
-                    "encoderpool: outputs waiting for the writer hold %d of %d bytes; dropping "
-                    "a save of %d bytes, consumers will encode those items (the writer is "
-                    "behind, or the output is bigger than the limit)",
-                    self.held.held,
-                    self.held.limit_bytes,
-                    tensor.numel() * tensor.element_size(),
-                )
-                return
-            logger.warning(
-                "encoderpool: no free staging memory for a save of %d bytes (%d of %d free, "
-                "largest range %d); dropping saves, consumers will encode those items "
-                "(the writer is behind, or the output is bigger than the staging pool)",
-                tensor.numel() * tensor.element_size(),
-                self.staging.free_bytes,
-                self.staging.limit_bytes,
-                self.staging.largest_free,
-            )
-
-    def _to_host(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any, StagingLease] | None:
-        """The save's bytes in a staging lease, with the event to wait on before reading
-        them (None where the copy is done on return); None when the pool has no free
-        range that fits (the save is dropped: nothing is allocated, nothing waited for).
-
-        CUDA: queued on the copy stream after the work already queued on the current
-        stream (the encoder's); the writer thread waits for its event. Other
-        accelerators: queued on the current stream, likewise waited for by the writer.
-        A host tensor (only where ``by_reference`` says no): copied here."""
-        t = tensor.detach()
-        kind = t.device.type
-        lease = self.staging.take(t.numel() * t.element_size(), pinned=kind != "cpu")
-        if lease is None:
-            return None
-        host = lease.view(t.dtype, tuple(t.shape))
-        ready: Any = None
-        try:
-            if kind == "cpu":
-                host.copy_(t)
-            elif kind == "cuda":
-                if self._copies is None:
-                    self._copies = SaveCopies()
-                ready = self._copies.start(host, t)
-            else:
-                host.copy_(t, non_blocking=True)
-                ready = torch.Event()
-                ready.record()
-        except CopyQueued:
-            # A copy may still write into the lease: it stays lent (those bytes of the pool
-            # are lost) rather than be reused under it.
-            logger.error(
-                "encoderpool: a staging copy failed after it was queued; %d bytes of staging "
-                "memory stay out of use",
-                lease.size,
-            )
-            raise
-        except BaseException:
-            self.staging.give_back(lease)
-            raise
-        return host, ready, lease
-
-    def flush(self) -> None:
-        """Block until everything queued so far is written (tests, benchmarks, shutdown)."""
-        self._queue.join()
-
-    def close(self, timeout: float = 60.0) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        atexit.unregister(self.close)
-        self._queue.put(None)
-        self._thread.join(timeout)
-        self.stats.summary(logger, "encoderpool writer", force=True)
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                self._let_the_step_finish()
-                self._write(item)
-            finally:
-                self._queue.task_done()
-            del item  # a host output held by reference goes now, not at the next save
-            self.stats.summary(logger, "encoderpool writer")
-
-    def _let_the_step_finish(self) -> None:
-        """Sleep (the GIL free) until no save was submitted for ``WRITER_QUIET_S``, or
-        ``WRITER_QUIET_MAX_S`` passed."""
-        start = now = time.monotonic()
-        while now - start < WRITER_QUIET_MAX_S:
-            quiet = now - self._last_submit
-            if quiet >= WRITER_QUIET_S:
-                return
-            time.sleep(min(WRITER_QUIET_S - quiet, WRITER_QUIET_S))
-            now = time.monotonic()
-
-    def _write(self, item: _Save) -> None:
-        """Publish one save, then let go of its bytes: staging bytes are reused only after
-        the copy into them finished and the entry was written from them."""
-        if item.ready is not None:
-            try:
-                item.ready.synchronize()  # this thread waits for the copy, never the step
-            except Exception as e:
-                # The copy's state is unknown: its bytes stay lent rather than be reused
-                # under a copy that may still write them.
-                self.stats.add("saves_dropped")
-                logger.error(
-                    "encoderpool: waiting for the staging copy of %r failed (%r); %d bytes of "
-                    "staging memory stay out of use",
-                    item.mm_hash[:80],
-                    e,
-                    item.lease.size if item.lease is not None else 0,
-                )
-                return
-        try:
-            self._publish(item)
-        finally:
-            self._let_go(item)
-
-    def _publish(self, item: _Save) -> None:
+    def _publish(self, item: QueuedSave) -> None:
+        """Checksum the payload, write a temp file and rename it into place (``SharedStore``)."""
         t0 = time.perf_counter()
         try:
             t = item.tensor.contiguous()

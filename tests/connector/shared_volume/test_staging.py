@@ -684,13 +684,13 @@ def test_the_writer_lets_a_burst_of_saves_finish_but_never_waits_long(
 ) -> None:
     """While saves keep coming the writer sleeps (the GIL free for the step), at most
     WRITER_QUIET_MAX_S; after a quiet moment it starts at once."""
-    from encoderpool_connector.shared_volume import worker as worker_module
+    from encoderpool_connector.core import savequeue
 
     writer = writer_for(store, 32 * KiB)
     try:
         t0 = time.monotonic()
         writer._let_the_step_finish()  # nothing submitted lately
-        assert time.monotonic() - t0 < worker_module.WRITER_QUIET_S
+        assert time.monotonic() - t0 < savequeue.WRITER_QUIET_S
         stop = threading.Event()
 
         def submitting() -> None:
@@ -707,6 +707,6 @@ def test_the_writer_lets_a_burst_of_saves_finish_but_never_waits_long(
         finally:
             stop.set()
             busy.join()
-        assert worker_module.WRITER_QUIET_MAX_S <= waited < 1
+        assert savequeue.WRITER_QUIET_MAX_S <= waited < 1
     finally:
         writer.close()
