@@ -30,6 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -452,9 +453,9 @@ def test_switching_consumers_to_a_fixed_count_and_back_keeps_their_pods(
 ) -> None:
     """Two consumers, KEDA's (its minimum raised to 2, so they are up without load): a
     fixed ``replicas: 2`` takes the field back (the autoscaler removed, the count kept);
-    autoscaling again (minimum 1) keeps both pods until the HPA that KEDA made writes the
-    count itself (server-side apply's transfer of ownership); it then lowers it, there
-    being no load. The second consumer serves: the router sends to both while both run."""
+    autoscaling again (minimum 1) keeps both pods until the HPA that KEDA made lowers the
+    count itself, there being no load (server-side apply never drops the field to the
+    API server's default of 1). The second consumer serves: the router sends to both."""
     two = {**CONSUMER_AUTOSCALING, "minReplicas": 2}
     patch_spec(kind, NS, POOL, {"consumer": {"autoscaling": two}})
     wait_until(
@@ -466,31 +467,58 @@ def test_switching_consumers_to_a_fixed_count_and_back_keeps_their_pods(
     assert len(served_by) == 2, f"the router sent to {served_by}, not to both consumers"
 
     def fixed_by_the_operator() -> bool:
+        """The operator applies the count (it may share the field with the HPA's stale
+        manager entry: server-side apply co-owns a field two managers set alike) and the
+        consumers' ScaledObject is gone."""
         s = fast.latest(CONSUMERS)
         autoscalers = kind.get("scaledobjects", "-n", NS)["items"]
         return (
             s is not None
-            and s.managers == (FIELD_MANAGER,)
+            and FIELD_MANAGER in s.managers
             and s.replicas == 2
             and CONSUMERS not in {o["metadata"]["name"] for o in autoscalers}
         )
 
-    def autoscaled() -> bool:
-        s = fast.latest(CONSUMERS)
-        return s is not None and bool(s.managers) and FIELD_MANAGER not in s.managers
-
     with ReplicaSampler(kind, NS, interval=0.5) as fast:
         patch_spec(kind, NS, POOL, {"consumer": {"replicas": 2, "autoscaling": None}})
         wait_until("the operator to hold the consumers' count", fixed_by_the_operator, timeout=180)
-        switched = time.monotonic()
+        held = time.monotonic()
+        time.sleep(5)
+        switched, switched_at = time.monotonic(), datetime.now(timezone.utc)
         patch_spec(kind, NS, POOL, {"consumer": {"autoscaling": CONSUMER_AUTOSCALING}})
-        wait_until("the autoscaler to hold the consumers' count", autoscaled, timeout=300)
         wait_until("the autoscaler to lower the count", lambda: at(kind, CONSUMERS, 1), timeout=300)
     seen = fast.of(CONSUMERS)
-    assert {s.replicas for s in seen if s.managers == (FIELD_MANAGER,)} == {2}
-    meanwhile = [s for s in seen if s.at >= switched and FIELD_MANAGER in s.managers]
-    assert meanwhile, "no sample between the switch and the hand-over"
+    fixed = [s for s in seen if held <= s.at < switched]
+    assert fixed, "no sample while the count was fixed"
+    assert {(s.replicas, s.existing) for s in fixed} == {(2, 2)}, fixed
+    lowered = next(s.at for s in seen if s.at >= switched and s.replicas != 2)
+    meanwhile = [s for s in seen if switched <= s.at < lowered]
+    assert meanwhile, "no sample between the switch and the lowering"
     assert {(s.replicas, s.existing) for s in meanwhile} == {(2, 2)}, meanwhile
+    # Lowered by the HPA, not by the API server defaulting a dropped field to 1 (which
+    # the HPA would then see as its own wish, with no rescale of its own).
+    assert hpa_rescaled_to(kind, CONSUMERS, 1, since=switched_at), "the HPA did not lower it"
+
+
+def hpa_rescaled_to(kind: KindCluster, hpa: str, size: int, since: datetime) -> bool:
+    """The HPA ``hpa`` posted a rescale to ``size`` at or after ``since`` (events carry
+    whole seconds)."""
+    events = kind.get(
+        "events",
+        "-n",
+        NS,
+        "--field-selector",
+        f"involvedObject.name={hpa},reason=SuccessfulRescale",
+    )["items"]
+    floor = since.replace(microsecond=0)
+    for e in events:
+        when = e.get("lastTimestamp") or e.get("eventTime") or ""
+        if not when or not e.get("message", "").startswith(f"New size: {size};"):
+            continue
+        stamp = datetime.fromisoformat(when.replace("Z", "+00:00"))
+        if stamp >= floor:
+            return True
+    return False
 
 
 def consumers_serving(kind: KindCluster, router: str) -> set[str]:
@@ -573,14 +601,23 @@ def test_a_nearly_full_cache_volume_fires_its_alert(
 def test_a_pool_without_a_ready_consumer_fires_its_alerts(
     kind: KindCluster, pool: dict[str, Any]
 ) -> None:
-    """The consumer's pod is lost (deleted; its replacement starts vLLM again): the router
-    answers 503 meanwhile. Last in the module: the pool is not waited back."""
-    kind.kubectl(
-        "delete", "pod", "-n", NS, "-l", "app.kubernetes.io/component=consumer", "--wait=false"
-    )
+    """The consumers' pods are lost with their node unschedulable (cordoned; the
+    replacements stay Pending, so no consumer comes back until the node is uncordoned):
+    the router answers 503 meanwhile. Last in the module: the pool is not waited back.
+    (Deleting the pods alone raced the alerts: a warm node starts vLLM in ~30 s.)"""
+    node = f"{kind.name}-control-plane"
+    kind.kubectl("cordon", node)
+    try:
+        kind.kubectl("delete", "pod", "-n", NS, "-l", f"{LABEL_COMPONENT}=consumer", "--wait=false")
+        no_consumer_fires_its_alerts(kind)
+    finally:
+        kind.kubectl("uncordon", node, check=False)
+
+
+def no_consumer_fires_its_alerts(kind: KindCluster) -> None:
     with monitoring.prometheus(kind) as prom, kind.port_forward(NS, f"service/{POOL}", 8000) as url:
         body = chat_request(image(900), max_tokens=2)
-        # While vLLM starts again in the new pod, the router has no consumer to send to;
+        # While the replacements are Pending, the router has no consumer to send to;
         # clients keep asking meanwhile, one request every two seconds.
         wait_until("the router to answer 503", lambda: status_of(url, body) == 503, timeout=120)
         alerts = ("EncoderPoolNoConsumerReady", "EncoderPoolRouter5xx")
