@@ -85,6 +85,16 @@ def plant(root: Path, path: str, text: str) -> None:
             "api-guard",
         ),
         (
+            "connector/encoderpool_connector/programs/volume_metrics.py",
+            "def f() -> None:\n    from vllm.v1.metrics import prometheus\n",
+            "volume-metrics",
+        ),
+        (
+            "connector/encoderpool_connector/programs/volume_metrics.py",
+            "from ..core.startup import check\n",
+            "volume-metrics-core",
+        ),
+        (
             "connector/encoderpool_connector/programs/vllm_cache.py",
             "from encoderpool_contracts import DTYPE_BYTES\n",
             "vllm-cache",
@@ -141,6 +151,8 @@ def plant(root: Path, path: str, text: str) -> None:
         "transport-program",
         "program-transport",
         "api-guard",
+        "volume-metrics",
+        "volume-metrics-core",
         "vllm-cache",
         "render-reconcile",
         "render-kube",
@@ -171,6 +183,11 @@ def test_allowed_imports_pass(tmp_path: Path) -> None:
         tmp_path,
         "connector/encoderpool_connector/programs/api_guard.py",
         "from encoderpool_contracts.pod import API_GUARD_MIDDLEWARE\n",
+    )
+    plant(
+        tmp_path,
+        "connector/encoderpool_connector/programs/volume_metrics.py",
+        "from prometheus_client import REGISTRY\nfrom encoderpool_contracts import pod\n",
     )
     plant(
         tmp_path,

@@ -10,11 +10,13 @@ independently; what crosses between them lives in ``encoderpool_contracts``. So:
   transport; the transports (``shared_volume``, ``rdma``) import the core and the
   contracts, never each other (a change in one transport cannot change the other's
   format); the programs beside the connector (``programs``: the width Job, the API
-  guard, the image build's cache filler) are imported by neither the core nor a
-  transport, and import no transport themselves;
-- the API guard imports only the standard library and the contracts (vLLM's API server
-  loads it by name), and the image build's cache filler nothing of ours (it runs as a
-  plain script before encoderpool is installed);
+  guard, the volume metrics, the image build's cache filler) are imported by neither
+  the core nor a transport, and import no transport themselves;
+- the API guard imports only the standard library and the contracts, and the volume
+  metrics middleware only those and prometheus_client: vLLM's API server loads each by
+  name, in its front-end process, where neither the engine nor our connector is set
+  up; the image build's cache filler imports nothing of ours (it runs as a plain
+  script before encoderpool is installed);
 - the connector never imports kopf or the Kubernetes client (it installs into a vLLM
   image), and the operator and router never import torch or vLLM;
 - the operator is layered: what it renders (``render``, ``naming``) is a pure function
@@ -103,6 +105,12 @@ RULES = (
         "encoderpool_connector.programs.api_guard",
         ("encoderpool_connector", "torch", "vllm"),
         "vLLM's API server loads the guard by name: the standard library and the contracts only",
+    ),
+    Rule(
+        "encoderpool_connector.programs.volume_metrics",
+        ("encoderpool_connector", "torch", "vllm"),
+        "vLLM's API server loads the volume's gauges by name: the standard library, "
+        "prometheus_client and the contracts only",
     ),
     Rule(
         "encoderpool_connector.programs.vllm_cache",
