@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,8 +31,13 @@ class OperatorProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self) -> OperatorProcess:
+        """Start it. Unless ``env`` names a Lease (ENCODERPOOL_LEASE_NAME), each start gets
+        a Lease of its own, so a restart after a kill leads at once instead of waiting out
+        its previous life's lease; tests of leadership name one Lease for several."""
         scope = ["--namespace", self.namespace] if self.namespace else ["--all-namespaces"]
         env = {
+            "ENCODERPOOL_LEASE_NAME": f"encoderpool-operator-{uuid.uuid4().hex[:8]}",
+            "ENCODERPOOL_LEASE_NAMESPACE": self.namespace or "default",
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
             "ENCODERPOOL_KUBECONFIG": str(self.kubeconfig),

@@ -106,13 +106,15 @@ class Rbac(_Values):
     )
 
 
-class Peering(_Values):
-    name: str = Field(
+class LeaderElection(_Values):
+    lease_name: str = Field(
         default="",
         max_length=63,
         pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
-        description="kopf peering object the replicas coordinate through; empty means the "
-        "release's full name. The chart creates it.",
+        alias="leaseName",
+        description="coordination.k8s.io Lease in the release namespace the replicas elect "
+        "their leader on (ENCODERPOOL_LEASE_NAME); empty means the release's full name. "
+        "The first replica creates it.",
     )
 
 
@@ -243,7 +245,7 @@ class Metrics(_Values):
         default=True,
         description="Serve the operator's Prometheus /metrics (ENCODERPOOL_METRICS_PORT; 0 when "
         "false) on the container port named metrics, behind a ClusterIP Service. Every replica "
-        "serves it; only the active peer reconciles, so a standby reports zero reconciles and "
+        "serves it; only the Lease holder reconciles, so a standby reports zero reconciles and "
         "no pools.",
     )
     port: int = Field(
@@ -394,7 +396,7 @@ class ChartValues(_Values):
         ge=1,
         le=5,
         alias="replicaCount",
-        description="Operator pods; kopf peering keeps one active and the others standby.",
+        description="Operator pods; all watch, the holder of the Lease reconciles.",
     )
     image: Image = Field(default_factory=Image)
     image_pull_secrets: list[LocalObjectReference] = Field(
@@ -402,7 +404,7 @@ class ChartValues(_Values):
     )
     service_account: ServiceAccount = Field(default_factory=ServiceAccount, alias="serviceAccount")
     rbac: Rbac = Field(default_factory=Rbac)
-    peering: Peering = Field(default_factory=Peering)
+    leader_election: LeaderElection = Field(default_factory=LeaderElection, alias="leaderElection")
     operator: Operator = Field(default_factory=Operator)
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     metrics: Metrics = Field(default_factory=Metrics)

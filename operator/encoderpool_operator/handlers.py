@@ -15,8 +15,6 @@ at all.
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 from typing import Any
 
 import kopf
@@ -31,8 +29,14 @@ from encoderpool_operator.cache import (
     pack,
     trim,
 )
-from encoderpool_operator.controller import Controller, Peer, connect
-from encoderpool_operator.controller.peering import pod_namespace
+from encoderpool_operator.controller import (
+    Controller,
+    Elector,
+    KubeLeases,
+    Timing,
+    connect,
+    identity,
+)
 from encoderpool_operator.kube import PLURALS
 from encoderpool_operator.naming import LABEL_MANAGED_BY, MANAGED_BY
 from encoderpool_operator.settings import OperatorSettings
@@ -96,25 +100,25 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     # kopf logs every index update and event handler at INFO: the passes' own log
     # (the "encoderpool_operator" logger) says what matters.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    if not settings.peering.standalone and settings.peering.priority == 0:
-        # Replicas of one Deployment would tie at the default priority, and kopf pauses
-        # every peer on a tie: a random priority makes one replica active, the rest standby.
-        settings.peering.priority = 1 + secrets.randbelow(2**31 - 1)
+    # No kopf peering: it would pause a standby's watches, and its cache with them. Every
+    # replica watches; the Lease (controller/leader.py) picks the one that writes.
+    settings.peering.standalone = True
     if not settings.peering.clusterwide:
         # Namespaced (--namespace): need no cluster-scoped permission. The namespaces are
         # taken as given and CRDs are not watched (the chart installs the CRD first).
         settings.scanning.disabled = True
-    peer = None
-    if not settings.peering.standalone:
-        namespaced = not settings.peering.clusterwide
-        peer = Peer(
-            name=settings.peering.name,
-            namespace=(_SETTINGS.peering_namespace or pod_namespace()) if namespaced else None,
-            identity=os.environ.get("POD_ID"),  # kopf's identity in a pod
-            priority=settings.peering.priority,
-        )
+    kube = connect(_SETTINGS)
+    elector = Elector(
+        KubeLeases(kube, _SETTINGS.lease_namespace_or_own(), _SETTINGS.lease_name),
+        identity(),
+        Timing(
+            _SETTINGS.lease_duration_seconds,
+            _SETTINGS.renew_deadline_seconds,
+            _SETTINGS.retry_period_seconds,
+        ),
+    )
     cache = Cache({kind: kwargs[_index_id(*kind)] for kind in CACHED_KINDS}, kwargs["cache_pools"])
-    memo.controller = Controller(_SETTINGS, connect(_SETTINGS), cache, peer)
+    memo.controller = Controller(_SETTINGS, kube, cache, elector)
     memo.controller.start()
 
 

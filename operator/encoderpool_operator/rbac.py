@@ -19,8 +19,8 @@ from encoderpool_operator.kinds import CHILD_KINDS, OPERATOR_KINDS, Engine, Kind
 
 Mode = Literal["cluster", "namespace"]
 MODES: tuple[Mode, ...] = ("cluster", "namespace")
-# kopf's peering objects (the chart ships their CRDs); kopf also knows the old zalando.org.
-PEERING_GROUP = "kopf.dev"
+# The Lease the replicas elect their leader on (kopf runs standalone: no kopf peering).
+LEASE_GROUP = "coordination.k8s.io"
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,11 @@ class Permission:
     why: str
     # Which install modes grant it: cluster-scoped kinds exist only for the cluster-wide one.
     modes: tuple[Mode, ...] = MODES
-    # Restricted to the release's own peering object (kopf lists all, patches only its own).
-    peering_object_only: bool = False
+    # Granted by the release namespace's leader-election Role, never the main (Cluster)Role:
+    # in either mode the Lease lives beside the operator's pods.
+    lease_role: bool = False
+    # Also restricted to the release's own Lease (by resourceNames).
+    lease_object_only: bool = False
     # Held only so the operator may grant it to a child's Role; the operator never calls it.
     delegated: bool = False
     # Granted only with this autoscaling engine (the chart's autoscaling.engine).
@@ -46,7 +49,8 @@ class Permission:
             "resources": [self.resource],
             "verbs": list(self.verbs),
             "why": self.why,
-            "peeringObjectOnly": self.peering_object_only,
+            "leaseRole": self.lease_role or self.lease_object_only,
+            "leaseObjectOnly": self.lease_object_only,
             "engine": self.engine or "",
         }
 
@@ -78,35 +82,21 @@ PERMISSIONS: tuple[Permission, ...] = (
         "namespaced operator runs with scanning disabled: see handlers.configure)",
         modes=("cluster",),
     ),
+    # ---- leader election (controller/leader.py): a Role in the release namespace only
     Permission(
-        PEERING_GROUP,
-        "clusterkopfpeerings",
-        ("list", "watch"),
-        "kopf peering: see the other replicas (cluster-wide mode)",
-        modes=("cluster",),
+        LEASE_GROUP,
+        "leases",
+        ("get", "update"),
+        "leader election: read and renew the release's own Lease",
+        lease_object_only=True,
     ),
     Permission(
-        PEERING_GROUP,
-        "clusterkopfpeerings",
-        ("patch",),
-        "kopf peering: keep-alives in the release's own peering object",
-        modes=("cluster",),
-        peering_object_only=True,
-    ),
-    Permission(
-        PEERING_GROUP,
-        "kopfpeerings",
-        ("list", "watch"),
-        "kopf peering: see the other replicas (namespaced mode)",
-        modes=("namespace",),
-    ),
-    Permission(
-        PEERING_GROUP,
-        "kopfpeerings",
-        ("patch",),
-        "kopf peering: keep-alives in the release's own peering object",
-        modes=("namespace",),
-        peering_object_only=True,
+        LEASE_GROUP,
+        "leases",
+        ("create",),
+        "leader election: create the Lease on the first start (RBAC cannot limit create "
+        "by name)",
+        lease_role=True,
     ),
     # ---- children (reconcile/ through kube.Kube), and what a pass reads with them
     *_granted(CHILD_KINDS),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 class OperatorSettings(BaseSettings):
@@ -69,18 +71,36 @@ class OperatorSettings(BaseSettings):
     max_retry_seconds: float = Field(
         default=300.0, ge=1, le=3600, description="Longest back-off after failed passes."
     )
-    peering_check_seconds: float = Field(
-        default=5.0,
-        ge=1,
-        le=60,
-        description="How often a replica reads kopf's peering object to learn whether it "
-        "is the active one (a standby runs no passes).",
+    lease_name: str = Field(
+        default="encoderpool-operator",
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="The coordination.k8s.io Lease the replicas elect their leader on "
+        "(the chart sets the release's full name).",
     )
-    peering_namespace: str | None = Field(
+    lease_namespace: str | None = Field(
         default=None,
+        min_length=1,
         max_length=63,
-        description="Namespace of the KopfPeering of a namespaced operator (the chart sets "
-        "the release namespace); unset: the pod's own namespace.",
+        description="Namespace of the Lease (the chart sets the pod's own, the release "
+        "namespace); unset: the pod's service account namespace, else default.",
+    )
+    lease_duration_seconds: float = Field(
+        default=15.0,
+        ge=2,
+        le=300,
+        description="How long a Lease not renewed stays its holder's (client-go's default).",
+    )
+    renew_deadline_seconds: float = Field(
+        default=10.0,
+        ge=1,
+        le=300,
+        description="How long after its last renewal a holder still writes; less than the "
+        "lease duration, so it stops before another replica may start.",
+    )
+    retry_period_seconds: float = Field(
+        default=2.0, ge=0.1, le=60, description="How often the Lease is renewed or tried."
     )
     autoscaling_engine: Literal["keda", "hpa"] = Field(
         default="keda",
@@ -99,3 +119,24 @@ class OperatorSettings(BaseSettings):
     kubeconfig: str | None = Field(
         default=None, description="Kubeconfig for running outside a cluster; in-cluster if unset."
     )
+
+    @model_validator(mode="after")
+    def _election_order(self) -> OperatorSettings:
+        if not (
+            self.retry_period_seconds < self.renew_deadline_seconds < self.lease_duration_seconds
+        ):
+            raise ValueError(
+                "ENCODERPOOL_RETRY_PERIOD_SECONDS < ENCODERPOOL_RENEW_DEADLINE_SECONDS < "
+                "ENCODERPOOL_LEASE_DURATION_SECONDS, or a holder could write after losing the lease"
+            )
+        return self
+
+    def lease_namespace_or_own(self) -> str:
+        """The Lease's namespace: the setting, else the pod's own, else default."""
+        if self.lease_namespace:
+            return self.lease_namespace
+        try:
+            with open(_SA_NAMESPACE) as f:
+                return f.read().strip() or "default"
+        except OSError:
+            return "default"

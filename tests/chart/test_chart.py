@@ -108,8 +108,15 @@ def test_template_renders_labelled_restricted_objects(values: Path | None) -> No
         "runAsNonRoot": True,
         "capabilities": {"drop": ["ALL"]},
     }
-    assert "--standalone" not in container["args"]
-    assert any(a.startswith("--peering=") for a in container["args"])
+    # kopf runs standalone (every replica watches); the Lease elects the one that writes.
+    assert "--standalone" in container["args"]
+    assert not any(a.startswith("--peering") for a in container["args"])
+    env = {e["name"]: e for e in container["env"]}
+    lease = "encoderpool" if values and values.name == "production-values.yaml" else None
+    assert env["ENCODERPOOL_LEASE_NAME"]["value"] == (lease or "ep-encoderpool-operator")
+    assert env["ENCODERPOOL_LEASE_NAMESPACE"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}
+    }
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
 
@@ -124,28 +131,44 @@ def test_default_render_matches_golden() -> None:
 
 
 @pytest.mark.parametrize(
-    ("scope", "role", "binding", "peering", "watch"),
+    ("scope", "role", "binding", "watch"),
     [
-        ("cluster", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "--all-namespaces"),
-        ("namespace", "Role", "RoleBinding", "KopfPeering", "--namespace=encoderpool-system"),
+        ("cluster", "ClusterRole", "ClusterRoleBinding", "--all-namespaces"),
+        ("namespace", "Role", "RoleBinding", "--namespace=encoderpool-system"),
     ],
 )
-def test_scope_picks_rbac_peering_and_kopf_flags_together(
-    scope: str, role: str, binding: str, peering: str, watch: str
+def test_scope_picks_rbac_and_kopf_flags_together(
+    scope: str, role: str, binding: str, watch: str
 ) -> None:
-    kinds = by_kind(template("--set", f"scope={scope}"))
-    assert {role, binding, peering} <= set(kinds)
+    docs = documents(template("--set", f"scope={scope}"))
+    roles = [
+        d for d in docs if d["kind"] == role and "leader-election" not in d["metadata"]["name"]
+    ]
+    election = [
+        d for d in docs if d["metadata"]["name"] == "ep-encoderpool-operator-leader-election"
+    ]
+    assert len(roles) == 1
+    assert {d["kind"] for d in election} == {"Role", "RoleBinding"}
+    assert binding in {d["kind"] for d in docs}
+    lease_role = next(d for d in election if d["kind"] == "Role")
+    assert lease_role["metadata"]["namespace"] == "encoderpool-system"  # beside the pods
     rendered = {
-        (r["apiGroups"][0], r["resources"][0], v) for r in kinds[role]["rules"] for v in r["verbs"]
+        (r["apiGroups"][0], r["resources"][0], v)
+        for d in (roles[0], lease_role)
+        for r in d["rules"]
+        for v in r["verbs"]
     }
     assert rendered == rbac.granted(scope)  # type: ignore[arg-type]
-    names = [r.get("resourceNames") for r in kinds[role]["rules"] if "patch" in r["verbs"]]
-    assert ["ep-encoderpool-operator"] in names  # peering keep-alives: its own object only
-    args = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(r["resources"] == ["leases"] for r in roles[0]["rules"])
+    assert {
+        (tuple(r["verbs"]), tuple(r.get("resourceNames", ()))) for r in lease_role["rules"]
+    } == {(("get", "update"), ("ep-encoderpool-operator",)), (("create",), ())}
+    args = by_kind(template("--set", f"scope={scope}"))["Deployment"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
     assert watch in args
-    assert f"--peering={kinds[peering]['metadata']['name']}" in args
     if scope == "namespace":
-        for doc in kinds.values():
+        for doc in docs:
             assert doc["metadata"].get("namespace") == "encoderpool-system", doc["kind"]
 
 
@@ -155,7 +178,6 @@ def test_no_rbac_and_an_existing_service_account() -> None:
     )
     assert set(kinds) == {
         "Deployment",
-        "ClusterKopfPeering",
         "Service",
         "PodDisruptionBudget",
         "NetworkPolicy",
@@ -174,7 +196,10 @@ def test_no_rbac_and_an_existing_service_account() -> None:
             ["--set", "operator.resyncSeconds=1"],
             "'/operator/resyncSeconds': minimum: got 1, want 5",
         ),
-        (["--set", "peering.name=Not_A_Name"], "'/peering/name': 'Not_A_Name' does not match"),
+        (
+            ["--set", "leaderElection.leaseName=Not_A_Name"],
+            "'/leaderElection/leaseName': 'Not_A_Name' does not match",
+        ),
         (["--set", "serviceAccount.create=false"], "'/serviceAccount/name': minLength: got 0"),
         (["--set", "metrics=true"], "'/metrics': got boolean, want object"),
         (["--set", "metrics.port=80"], "'/metrics/port': minimum: got 80, want 1,024"),
@@ -389,7 +414,7 @@ def test_rbac_json_lists_each_reason() -> None:
     assert set(data) == {"cluster", "namespace"}
     assert all(rule["why"] for rules in data.values() for rule in rules)
     # Nothing cluster-scoped may appear in what a Role holds.
-    assert not any(r["resources"][0] in {"customresourcedefinitions", "clusterkopfpeerings"}
+    assert not any(r["resources"][0] in {"customresourcedefinitions"}
                    for r in data["namespace"])  # fmt: skip
 
 

@@ -40,7 +40,7 @@ def test_leaving_ready_is_news_and_reaching_it_is_not() -> None:
 
 def controller() -> Controller:
     settings = OperatorSettings(settle_seconds=0.0)
-    return Controller(settings, Kube(None), Cache({}, {}), peer=None)
+    return Controller(settings, Kube(None), Cache({}, {}), elector=None)
 
 
 def test_a_new_spec_is_marked_at_once_and_a_status_write_after_the_settle_time() -> None:

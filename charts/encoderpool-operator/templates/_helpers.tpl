@@ -44,8 +44,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{- define "encoderpool.peeringName" -}}
-{{- default (include "encoderpool.fullname" .) .Values.peering.name }}
+{{- define "encoderpool.leaseName" -}}
+{{- default (include "encoderpool.fullname" .) .Values.leaderElection.leaseName }}
 {{- end }}
 
 {{- define "encoderpool.image" -}}

@@ -1,7 +1,7 @@
-"""The controller behind the kopf handlers: work queue, resync, workers, peering
-standby, metrics and Events. No kopf here (``handlers`` adapts it)."""
+"""The controller behind the kopf handlers: work queue, resync, workers, leader
+election on a Lease, metrics and Events. No kopf here (``handlers`` adapts it)."""
 
+from encoderpool_operator.controller.leader import Elector, KubeLeases, Timing, identity
 from encoderpool_operator.controller.manager import Controller, connect
-from encoderpool_operator.controller.peering import Peer
 
-__all__ = ["Controller", "Peer", "connect"]
+__all__ = ["Controller", "Elector", "KubeLeases", "Timing", "connect", "identity"]

@@ -6,8 +6,9 @@
 
 A pool marked many times while it waits gets one pass; a pool never has two
 passes at once (``WorkQueue``). A pass reads the cache, not the API server, and
-writes only what differs. While a peer outranks this replica (``Standby``) kopf
-pauses its watches, and the resync and the workers pause too.
+writes only what differs. Every replica keeps watching; only the one holding the
+Lease (``leader.Elector``) runs passes, and its client refuses writes once the
+lease runs out (``leader.GuardedKube``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any
 from encoderpool_operator.api import API_VERSION, KIND
 from encoderpool_operator.cache import Cache, PassView, PoolKey
 from encoderpool_operator.controller import events
+from encoderpool_operator.controller.leader import Elector, GuardedKube, NotLeading
 from encoderpool_operator.controller.metrics import OperatorMetrics
-from encoderpool_operator.controller.peering import Peer, Standby
 from encoderpool_operator.controller.workqueue import WorkQueue
 from encoderpool_operator.kube import Kube, RateLimiter
 from encoderpool_operator.naming import LABEL_POOL
@@ -35,8 +36,9 @@ from encoderpool_operator.settings import OperatorSettings
 log = logging.getLogger("encoderpool_operator")
 
 
-def connect(settings: OperatorSettings) -> Kube:
-    """The API client: the kubeconfig the settings name, else the pod's own credentials."""
+def connect(settings: OperatorSettings) -> GuardedKube:
+    """The API client: the kubeconfig the settings name, else the pod's own credentials.
+    Its writes wait for the Lease once a ``Controller`` with an elector holds it."""
     from kubernetes import client, config
 
     cfg = client.Configuration()
@@ -45,7 +47,9 @@ def connect(settings: OperatorSettings) -> Kube:
     else:
         config.load_incluster_config(client_configuration=cfg)
     cfg.connection_pool_maxsize = settings.max_connections  # one per concurrent request
-    return Kube(client.ApiClient(cfg), limiter=RateLimiter(settings.api_qps, settings.api_burst))
+    return GuardedKube(
+        client.ApiClient(cfg), limiter=RateLimiter(settings.api_qps, settings.api_burst)
+    )
 
 
 class Controller:
@@ -56,8 +60,9 @@ class Controller:
     """
 
     def __init__(
-        self, settings: OperatorSettings, kube: Kube, cache: Cache, peer: Peer | None
+        self, settings: OperatorSettings, kube: Kube, cache: Cache, elector: Elector | None
     ) -> None:
+        """``elector`` None: this replica always leads (a single process, the tests)."""
         self.settings = settings
         self.kube = kube
         self.cache = cache
@@ -72,9 +77,11 @@ class Controller:
         )
         self.metrics = OperatorMetrics()
         self.metrics.kube, self.metrics.queue = kube, self.queue
-        self.standby = (
-            None if peer is None else Standby(kube, peer, interval=settings.peering_check_seconds)
-        )
+        self.elector = elector
+        if elector is not None:
+            elector.on_started = self._started_leading
+            if isinstance(kube, GuardedKube):
+                kube.may_write, kube.holder = elector.leading, elector.identity
         self.pools: set[PoolKey] = set()  # every pool the watch has seen, for the resync
         self.status_written: dict[PoolKey, datetime] = {}  # when a pass last wrote its status
         self._writes = ThreadPoolExecutor(settings.write_concurrency, thread_name_prefix="write")
@@ -82,20 +89,22 @@ class Controller:
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
-        """Serve the metrics, start the workers, the resync and the standby check."""
+        """Serve the metrics, start the workers, the resync and the election."""
         if self.settings.metrics_port:
             self.metrics.serve(self.settings.metrics_port, self.settings.metrics_address)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._worker()) for _ in range(self.settings.workers)]
         self._tasks.append(loop.create_task(self._resync()))
-        if self.standby is not None:
-            self._tasks.append(loop.create_task(self.standby.run()))
+        if self.elector is not None:
+            self._tasks.append(loop.create_task(self.elector.run()))
 
     def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         for executor in (self._passes, self._writes):
             executor.shutdown(wait=False, cancel_futures=True)
+        if self.elector is not None:
+            self.elector.release()  # writes stop first, then a peer may take over at once
 
     def pool_event(self, event_type: str, obj: Mapping[str, Any]) -> None:
         """Mark the pool: at once for a new spec, coalesced for anything else (a status write)."""
@@ -122,15 +131,21 @@ class Controller:
 
     @property
     def paused(self) -> bool:
-        """A peer outranks this replica: kopf paused its watches, our loops pause too."""
-        return self.standby is not None and self.standby.paused
+        """Another replica holds the Lease (or this one's ran out): no passes here."""
+        return self.elector is not None and not self.elector.leading()
+
+    def _started_leading(self) -> None:
+        """The cache is warm but nothing was reconciled here: mark every pool."""
+        for key in sorted(self.pools):
+            self.queue.add(key, "leader")
+        log.info("leader: %d pools marked", len(self.pools))
 
     async def _resync(self) -> None:
         """Every ``resync_seconds``, mark every pool: drift, missed events, back-offs."""
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
             if self.paused:
-                log.info("resync: standby, %d pools left to the active replica", len(self.pools))
+                log.info("resync: standby, %d pools left to the lease holder", len(self.pools))
                 continue
             for key in sorted(self.pools):
                 self.queue.add(key, "resync")
@@ -143,6 +158,8 @@ class Controller:
                 delay = await self._pass(key, why)
             except asyncio.CancelledError:
                 raise
+            except NotLeading as e:  # the lease ran out mid-pass; a new leader marks it again
+                log.info("pass of %s/%s stopped: %s", *key, e)
             except Exception:
                 retry = self.queue.retry(key)
                 log.exception("pass of %s/%s failed; retrying in %.0fs", *key, retry)
@@ -156,8 +173,8 @@ class Controller:
     async def _pass(self, key: PoolKey, why: str) -> float | None:
         """One pass of pool ``key``; the delay after which to look again, if any."""
         if self.paused:
-            # kopf paused our watches, so the cache is stale; once resumed, its fresh
-            # listing marks every pool again.
+            # The lease holder reconciles; should this replica take the lease over, it
+            # marks every pool again (``_started_leading``).
             return None
         packed = self.cache.pool(key)
         pool = packed.unpack() if packed else None
