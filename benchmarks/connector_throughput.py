@@ -75,6 +75,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.stats import median_ms, rank_quantile
 from encoderpool_connector.shared_volume.entry import Expect, entry_name
 from encoderpool_connector.shared_volume.metadata import LoadSpec, SharedVolumeMetadata
 from encoderpool_connector.shared_volume.store import Pins, SharedStore
@@ -108,18 +109,10 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def med_ms(xs: list[float]) -> float:
-    return statistics.median(xs) * 1e3
-
-
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal bytes, compared by numpy on this thread: a torch op between two timed reads
     wakes torch's thread pool, whose spinning threads steal the 2nd core from the next read."""
     return bool(np.array_equal(a.view(torch.uint8).numpy(), b.view(torch.uint8).numpy()))
-
-
-def quantile_ms(xs: list[float], q: float) -> float:
-    return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3
 
 
 def consumer_worker(
@@ -219,7 +212,7 @@ def device_saves(
     writer.flush()
     writer.close()
     assert stats.totals.data.get("published") == n, stats.totals.data
-    return {"example_save_ms": med_ms(ex_save), "ours_save_ms": med_ms(ours_save)}
+    return {"example_save_ms": median_ms(ex_save), "ours_save_ms": median_ms(ours_save)}
 
 
 def rdma_saves(steps: int, per_step: int, shape: tuple[int, int], shm_dir: str) -> dict[str, float]:
@@ -285,9 +278,9 @@ def rdma_saves(steps: int, per_step: int, shape: tuple[int, int], shm_dir: str) 
     totals = dict(worker.stats.totals.data)
     assert totals.get("saves") == steps * per_step, totals
     return {
-        "step_ms": med_ms(step_s),
-        "wait_ms": med_ms(wait_s),
-        "total_ms": med_ms([a + b for a, b in zip(step_s, wait_s, strict=True)]),
+        "step_ms": median_ms(step_s),
+        "wait_ms": median_ms(wait_s),
+        "total_ms": median_ms([a + b for a, b in zip(step_s, wait_s, strict=True)]),
     }
 
 
@@ -459,21 +452,21 @@ def run(
 
     gbps = nbytes / 1e9
     res = {
-        "example_save_ms": med_ms(ex_save),
-        "ours_save_ms": med_ms(ours_save),
+        "example_save_ms": median_ms(ex_save),
+        "ours_save_ms": median_ms(ours_save),
         "ours_writer_GBps": n * gbps / drain_s,
-        "example_load_ms": med_ms(ex_load),
-        "example_load_alone_ms": med_ms(ex_load_alone),
-        "example_load_b2b_ms": med_ms(ex_b2b),
-        "ours_load_b2b_ms": med_ms(ours_b2b),
-        "ours_load_ms": med_ms(ours),
+        "example_load_ms": median_ms(ex_load),
+        "example_load_alone_ms": median_ms(ex_load_alone),
+        "example_load_b2b_ms": median_ms(ex_b2b),
+        "ours_load_b2b_ms": median_ms(ours_b2b),
+        "ours_load_ms": median_ms(ours),
         "ours_load_first_ms": first_load * 1e3,
-        "ours_load_fresh_ms": med_ms(ours_fresh),
-        "ours_load_cold_ms": med_ms(ours_cold),
-        "ours_verify_ms": med_ms(verify),
-        "raw_read_ms": med_ms(raw),
-        "raw_read_bytearray_ms": med_ms(raw_bytearray),
-        "raw_read_cold_ms": med_ms(raw_cold),
+        "ours_load_fresh_ms": median_ms(ours_fresh),
+        "ours_load_cold_ms": median_ms(ours_cold),
+        "ours_verify_ms": median_ms(verify),
+        "raw_read_ms": median_ms(raw),
+        "raw_read_bytearray_ms": median_ms(raw_bytearray),
+        "raw_read_cold_ms": median_ms(raw_cold),
         "example_load_GBps": gbps / statistics.median(ex_load),
         "ours_load_GBps": gbps / statistics.median(ours),
         "ours_load_fresh_GBps": gbps / statistics.median(ours_fresh),
@@ -482,10 +475,10 @@ def run(
         "raw_read_GBps": gbps / statistics.median(raw),
         "raw_read_bytearray_GBps": gbps / statistics.median(raw_bytearray),
         "raw_read_cold_GBps": gbps / statistics.median(raw_cold),
-        "ours_load_p25_ms": quantile_ms(ours, 0.25),
-        "raw_read_p25_ms": quantile_ms(raw, 0.25),
-        "ours_load_p90_ms": quantile_ms(ours, 0.9),
-        "raw_read_p90_ms": quantile_ms(raw, 0.9),
+        "ours_load_p25_ms": rank_quantile(ours, 0.25) * 1e3,
+        "raw_read_p25_ms": rank_quantile(raw, 0.25) * 1e3,
+        "ours_load_p90_ms": rank_quantile(ours, 0.9) * 1e3,
+        "raw_read_p90_ms": rank_quantile(raw, 0.9) * 1e3,
         # Each load against the raw read of the same item right beside it: less exposed
         # to other processes' load changing during the run.
         "raw_over_ours_paired": statistics.median(
@@ -498,7 +491,7 @@ def run(
     print("  median ms by the step just before (warm; count in brackets):")
     for name in ("ours", "raw", "example"):
         cells = [
-            f"{b} {med_ms(after[name, b]):.3f} [{len(after[name, b])}]"
+            f"{b} {median_ms(after[name, b]):.3f} [{len(after[name, b])}]"
             for b in ["first", *series]
             if b != name and after[name, b]
         ]

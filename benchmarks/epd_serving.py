@@ -72,7 +72,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stats import percentile
+from benchmarks.stats import CLK_TCK, cpu_seconds, group_cpu_seconds, percentile
 from e2e.media import chat_request, encoder_request, image, image_part
 from e2e.vllm_server import VllmServer, base_env, ec_transfer_config, free_port
 from encoderpool_contracts.signals import PRODUCER_ITEM_SECONDS
@@ -432,24 +432,6 @@ async def run_workload(url: str, wl: Workload, image_size: int) -> list[Record]:
 
 # --- CPU accounting ---------------------------------------------------------------------------
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pgid: int | None = None, pid: int | None = None) -> float:
-    """utime + stime of every process in group ``pgid`` (or of process ``pid``)."""
-    total = 0.0
-    pids = [str(pid)] if pid is not None else [d for d in os.listdir("/proc") if d.isdigit()]
-    for p in pids:
-        try:
-            stat = Path(f"/proc/{p}/stat").read_text()
-        except OSError:
-            continue
-        rest = stat.rsplit(")", 1)[1].split()  # fields after the command name
-        if pid is None and int(rest[2]) != pgid:
-            continue
-        total += (int(rest[11]) + int(rest[12])) / CLK_TCK
-    return total
-
 
 def host_cpu() -> float:
     """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
@@ -510,12 +492,12 @@ class Arm:
 
     def cpu(self) -> dict[str, float]:
         out = {
-            comp: cpu_seconds(pgid=s.proc.pid)
+            comp: group_cpu_seconds(s.proc.pid)
             for comp, s in self.servers.items()
             if s.proc is not None
         }
         if self.router is not None and self.router.proc is not None:
-            out["router"] = cpu_seconds(pid=self.router.proc.pid)
+            out["router"] = cpu_seconds(self.router.proc.pid)
         return out
 
 

@@ -54,6 +54,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from benchmarks.stats import median_ms
+
 FP = "0123456789abcdef"
 MiB = 1 << 20
 # One 1344x1344 image through Qwen2-VL-7B: 96x96 patches of 14 px, merged 2x2.
@@ -130,10 +132,6 @@ def vllm_or_stand_ins(force: bool) -> str:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def med_ms(xs: list[float]) -> float:
-    return statistics.median(xs) * 1e3 if xs else math.nan
 
 
 def per_item(fn: Callable[[], Any], n: int, device: torch.device) -> float:
@@ -291,8 +289,8 @@ def saves_and_loads(args: argparse.Namespace, device: torch.device, root: Path, 
         busy.append((time.perf_counter() - t0) / len(outs))
     sync(device)
     writer.flush()
-    f.save_ours_busy = med_ms(busy)
-    f.save_ours, f.save_previous, f.save_example = (med_ms(ways[n][1]) for n in ways)
+    f.save_ours_busy = median_ms(busy)
+    f.save_ours, f.save_previous, f.save_example = (median_ms(ways[n][1]) for n in ways)
     f.save_ours_first, f.save_previous_first = (
         ways["ours"][1][0] * 1e3,
         ways["previous"][1][0] * 1e3,
@@ -351,7 +349,9 @@ def saves_and_loads(args: argparse.Namespace, device: torch.device, root: Path, 
         consumer.build_connector_worker_meta()
         for spec in specs:
             pins.drop(spec.name)
-    f.load_ours, f.load_raw, f.load_example = (med_ms(loads[n]) for n in ("ours", "raw", "example"))
+    f.load_ours, f.load_raw, f.load_example = (
+        median_ms(loads[n]) for n in ("ours", "raw", "example")
+    )
     producer.shutdown()
     consumer.shutdown()
     pins.close()
@@ -441,7 +441,7 @@ def timed_ms(fn: Callable[[], Any], device: torch.device, warmup: int = 2, iters
         fn()
         sync(device)
         times.append(time.perf_counter() - t0)
-    return med_ms(times)
+    return median_ms(times)
 
 
 def encode_ms(device: torch.device) -> float:

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.stats import median_ms
+
 FP = "0123456789abcdef"
 LARGE = (1300, 3584)
 SMALL = (64, 128)
@@ -123,10 +125,6 @@ def serve(shm_dir: str, n_large: int, n_small: int) -> None:
     region.close()
 
 
-def med_ms(xs: list[float]) -> float:
-    return statistics.median(xs) * 1e3
-
-
 def bench_nixl(items: list[dict[str, Any]], shm_dir: str) -> dict[str, dict[str, float]]:
     import torch
 
@@ -185,10 +183,10 @@ def bench_nixl(items: list[dict[str, Any]], shm_dir: str) -> dict[str, dict[str,
             next(i for i in items if i["mm_hash"].startswith(kind))["coords"]
         ).size
         out[kind] = {
-            "producer_save_ms": med_ms(r["save"]),
-            "nixl_pull_ms": med_ms(r["pull"]),
-            "nixl_copy_out_ms": med_ms(r["copy"]),
-            "nixl_total_ms": med_ms(r["total"]),
+            "producer_save_ms": median_ms(r["save"]),
+            "nixl_pull_ms": median_ms(r["pull"]),
+            "nixl_copy_out_ms": median_ms(r["copy"]),
+            "nixl_total_ms": median_ms(r["total"]),
             "nixl_GBps": nbytes / statistics.median(r["total"]) / 1e9,
         }
     out["large"]["nixl_pipelined_GBps"] = pipelined
@@ -237,7 +235,7 @@ def bench_shared_volume(n: int, kind: str, shape: tuple[int, int], root: Path) -
     pins.close()
     nbytes = shape[0] * shape[1] * 2
     return {
-        "sv_total_ms": med_ms(total),
+        "sv_total_ms": median_ms(total),
         "sv_GBps": nbytes / statistics.median(total) / 1e9,
     }
 

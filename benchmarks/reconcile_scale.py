@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import tempfile
 import time
@@ -40,6 +39,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.stats import cpu_seconds
 from e2e.cluster import LocalCluster
 from e2e.operator_process import OperatorProcess
 from e2e.processes import exit_on_sigterm
@@ -66,11 +66,6 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def metrics(url: str) -> dict[str, float]:

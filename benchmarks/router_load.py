@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.stats import cpu_seconds, percentile
 from e2e.media import MODEL, data_url, image
 from e2e.processes import start_group, stop_group
 from e2e.vllm_server import REPO, base_env, free_port
@@ -220,12 +221,6 @@ class Phase:
     router_cpu_s: float = 0.0
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def seen(status: int, answer: bytes) -> bool:
     if status != 200:
         raise RuntimeError(f"HTTP {status}: {answer[:300]!r}")
@@ -294,11 +289,6 @@ def rotation(paths: Sequence[str], rnd: int) -> list[str]:
     for group in groups[k:] + groups[:k]:
         order += reversed(group) if rnd % 2 else group
     return order
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 # --- processes --------------------------------------------------------------------------

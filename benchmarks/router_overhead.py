@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from benchmarks.stats import percentile
 from e2e.media import chat_request, image, token_ids
 from e2e.tiny_model import ensure_tiny_model
 from e2e.vllm_server import VllmServer, base_env, ec_transfer_config, running
@@ -54,11 +55,6 @@ class Client:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {raw[:500]!r}")
         return elapsed, json.loads(raw)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def main() -> None:

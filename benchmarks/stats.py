@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import statistics
 from collections.abc import Sequence
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -11,3 +16,47 @@ def percentile(values: Sequence[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def rank_quantile(values: Sequence[float], q: float) -> float:
+    """The value at rank ``floor(q * n)`` of the sorted ``values`` (``q`` in 0-1); NaN when
+    there are none. Not ``percentile``'s rank (``round(q * (n - 1))``): the two differ for
+    some ``n`` and ``q``, and connector_throughput's recorded p25/p90 use this one."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def median_ms(seconds: Sequence[float]) -> float:
+    """Median of ``seconds`` in milliseconds; NaN when there are none."""
+    return statistics.median(seconds) * 1e3 if seconds else float("nan")
+
+
+def _stat(pid: int | str) -> list[str]:
+    """/proc/<pid>/stat's fields after the command name (which may hold spaces or ')')."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _cpu(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    return _cpu(_stat(pid))
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU time so far of every live process in process group ``pgid``."""
+    total = 0.0
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            fields = _stat(p)
+        except OSError:  # gone since the listing
+            continue
+        if int(fields[2]) == pgid:
+            total += _cpu(fields)
+    return total
