@@ -4,28 +4,30 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0-100) of ``values``; NaN when there are none."""
+def _at_rank(values: Sequence[float], rank: Callable[[int], int]) -> float:
+    """The sorted ``values``' element at ``rank(n)`` (capped at the last); NaN when none."""
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+    return ordered[min(len(ordered) - 1, rank(len(ordered)))]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0-100) of ``values``; NaN when there are none."""
+    return _at_rank(values, lambda n: round(q / 100 * (n - 1)))
 
 
 def rank_quantile(values: Sequence[float], q: float) -> float:
     """The value at rank ``floor(q * n)`` of the sorted ``values`` (``q`` in 0-1); NaN when
     there are none. Not ``percentile``'s rank (``round(q * (n - 1))``): the two differ for
     some ``n`` and ``q``, and connector_throughput's recorded p25/p90 use this one."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return _at_rank(values, lambda n: int(q * n))
 
 
 def median_ms(seconds: Sequence[float]) -> float:
