@@ -31,11 +31,11 @@ def _names(cluster: LocalCluster, namespace: str, release: str) -> set[str]:
     """kind/name of everything the release labelled, namespaced and cluster-scoped."""
     selector = f"app.kubernetes.io/instance={release}"
     out = cluster.kubectl(
-        "get", "deployment,serviceaccount,role,rolebinding,kopfpeering,service,poddisruptionbudget",
+        "get", "deployment,serviceaccount,role,rolebinding,service,poddisruptionbudget",
         "-n", namespace,
         "-l", selector, "-o", "name",
     ) + cluster.kubectl(
-        "get", "clusterrole,clusterrolebinding,clusterkopfpeering", "-l", selector, "-o", "name"
+        "get", "clusterrole,clusterrolebinding", "-l", selector, "-o", "name"
     )  # fmt: skip
     return set(out.split())
 
@@ -53,12 +53,12 @@ def test_install_upgrade_uninstall(
         f"serviceaccount/{full}",
         f"clusterrole.rbac.authorization.k8s.io/{full}",
         f"clusterrolebinding.rbac.authorization.k8s.io/{full}",
-        f"clusterkopfpeering.kopf.dev/{full}",
+        f"role.rbac.authorization.k8s.io/{full}-leader-election",
+        f"rolebinding.rbac.authorization.k8s.io/{full}-leader-election",
         f"service/{full}-metrics",
         f"poddisruptionbudget.policy/{full}",
     }
-    for name in ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev", crd):
-        cluster.wait_established(name)
+    cluster.wait_established(crd)
     pool = sample_pool()
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pool))
 
@@ -74,7 +74,8 @@ def test_install_upgrade_uninstall(
         f"serviceaccount/{full}",
         f"role.rbac.authorization.k8s.io/{full}",
         f"rolebinding.rbac.authorization.k8s.io/{full}",
-        f"kopfpeering.kopf.dev/{full}",
+        f"role.rbac.authorization.k8s.io/{full}-leader-election",
+        f"rolebinding.rbac.authorization.k8s.io/{full}-leader-election",
     }
     deployment = get_json(cluster, "deployment", full, "-n", namespace)
     assert deployment["spec"]["replicas"] == 1
@@ -105,6 +106,5 @@ def test_install_upgrade_uninstall(
     # Uninstall: the operator goes; the CRDs (Helm never deletes crds/) and the pool stay.
     helm("uninstall", release, "-n", namespace, "--wait", kubeconfig=kube)
     assert _names(cluster, namespace, release) == set()
-    for name in ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev", crd):
-        cluster.kubectl("get", f"crd/{name}")
+    cluster.kubectl("get", f"crd/{crd}")
     assert get_json(cluster, "encoderpool", "tiny", "-n", namespace)["metadata"]["name"] == "tiny"

@@ -1,6 +1,6 @@
 """The chart's RBAC is exactly enough, proven on the local control plane.
 
-`helm install` the chart (CRDs, ServiceAccount, RBAC, peering object; kwok
+`helm install` the chart (CRDs, ServiceAccount, RBAC; kwok
 marks its Deployment's pods Running, nothing runs in them), then run two
 operator replicas as local processes with the chart's own command line and
 env, authenticated as the chart's ServiceAccount (a TokenRequest token, not
@@ -52,8 +52,8 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 DECISION, REASON = "authorization.k8s.io/decision", "authorization.k8s.io/reason"  # audit
-# kopf's log lines when peering lets a replica work, or makes it wait for a higher priority.
-RESUMED, PAUSED = "Resuming operations after the pause", "Pausing operations in favour of"
+# The operator's log lines when it takes the Lease, or stops leading (controller/leader.py).
+LEADS, STOPPED = " leads: acquired the lease", " stopped leading"
 
 
 def _free_port() -> int:
@@ -86,11 +86,7 @@ class Replica:
 
 
 def start_replica(
-    container: dict[str, Any],
-    pod_id: str,
-    kubeconfig: Path,
-    workdir: Path,
-    extra_args: tuple[str, ...] = (),
+    container: dict[str, Any], pod_id: str, namespace: str, kubeconfig: Path, workdir: Path
 ) -> Replica:
     """The container's command, args and env, locally: only the listen addresses differ."""
     port, metrics_port = _free_port(), _free_port()
@@ -98,17 +94,27 @@ def start_replica(
     args = [
         f"--liveness=http://127.0.0.1:{port}/healthz" if a.startswith("--liveness=") else a
         for a in container["args"]
-    ] + list(extra_args)
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     for item in container["env"]:
         if "value" in item:
             env[item["name"]] = item["value"]
-    assert [e["name"] for e in container["env"] if "valueFrom" in e] == ["POD_ID"]
+    # The downward API's two: the pod's name and namespace (where the Lease lives).
+    downward = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    assert downward == {
+        "POD_NAME": "metadata.name",
+        "ENCODERPOOL_LEASE_NAMESPACE": "metadata.namespace",
+    }
     # The chart serves metrics on the container port it names so (the Service's target).
     ports = {p["name"]: str(p["containerPort"]) for p in container["ports"]}
     assert env["ENCODERPOOL_METRICS_PORT"] == ports["metrics"]
     env |= {
-        "POD_ID": pod_id,
+        "POD_NAME": pod_id,
+        "ENCODERPOOL_LEASE_NAMESPACE": namespace,
         "KUBECONFIG": str(kubeconfig),
         "ENCODERPOOL_KUBECONFIG": str(kubeconfig),
         "PYTHONPATH": os.pathsep.join(
@@ -138,9 +144,9 @@ def said(replica: Replica, line: str) -> bool:
 
 
 def working(replica: Replica) -> bool:
-    """kopf starts paused; peering resumes (or pauses) it, and it says so in its log."""
+    """The replica holds the Lease (it says so in its log when that starts or stops)."""
     text = replica.text()
-    return text.rfind(RESUMED) > text.rfind(PAUSED)
+    return text.rfind(LEADS) > text.rfind(STOPPED)
 
 
 def healthy(replica: Replica) -> bool:
@@ -260,27 +266,18 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
         pool_ns = f"{namespace}-pools"
         cluster.kubectl("create", "namespace", pool_ns)
     replicas = [
-        start_replica(pod_spec["containers"][0], f"{release}-{i}", kubeconfig, tmp_path)
+        start_replica(pod_spec["containers"][0], f"{release}-{i}", namespace, kubeconfig, tmp_path)
         for i in "ab"
     ]
     try:
         for r in replicas:
             wait_until(f"{r.pod_id} /healthz", functools.partial(healthy, r), timeout=60)
-        # Peering: both registered; only the higher priority one works.
-        kind = "clusterkopfpeering" if scope == "cluster" else "kopfpeering"
-        where = [] if scope == "cluster" else ["-n", namespace]
-        peering = [kind, f"{release}-encoderpool-operator", *where]
-
-        def both_peers() -> dict[str, Any] | None:
-            peers = get_json(cluster, *peering).get("status", {})
-            return dict(peers) if len(peers) == 2 else None
-
-        peers = wait_until("both replicas in the peering object", both_peers)
-        active_id = max(peers, key=lambda pid: peers[pid]["priority"])
-        active = next(r for r in replicas if r.pod_id == active_id)
-        standby = next(r for r in replicas if r.pod_id != active_id)
-        wait_until("the active replica to work", lambda: working(active))
-        wait_until("the standby to wait", lambda: not working(standby))
+        # Leader election: one replica holds the release's Lease (in the release namespace).
+        active = wait_until("a replica to lead", lambda: next(filter(working, replicas), None))
+        standby = next(r for r in replicas if r is not active)
+        lease = get_json(cluster, "lease", f"{release}-encoderpool-operator", "-n", namespace)
+        assert lease["spec"]["holderIdentity"].startswith(f"{active.pod_id}_")
+        assert not working(standby)
 
         # 1. A new model: width Job; its pod's report (read by the operator, stored), then Ready.
         pool = sample_pool()
@@ -293,10 +290,8 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
             lambda: scrape(active).get('encoderpool_operator_pools{ready="True"}') == 1.0,
         )
         assert reconciles(scrape(active)) > 0
-        # Not asserted: that the standby never reconciled. kopf lets a standby act for a
-        # moment when the active peer's keepalive is late (seen under a loaded CI run);
-        # that is safe only because a pass is idempotent, which tests/test_operator.py proves.
         assert 'encoderpool_operator_pools{ready="True"}' in scrape(standby)  # it serves /metrics
+        assert reconciles(scrape(standby)) == 0  # it watched; the Lease holder reconciled
         # 2. Scale.
         cluster.kubectl(
             "patch", "encoderpool", "tiny", "-n", pool_ns, "--type=merge",
@@ -329,7 +324,8 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
                 ).strip()
             ),
         )
-        # 3. Failover: the active replica goes, the standby takes over and keeps reconciling.
+        # 3. Failover: the active replica goes (SIGTERM: it releases the Lease), the standby
+        # takes over and keeps reconciling.
         active.stop()
         wait_until("the standby to take over", lambda: working(standby))
         # 4. A model whose report exists: adopt it, roll, delete the old width Job's objects.
@@ -394,12 +390,11 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
         }
 
 
-def test_an_outranked_replica_stops_its_own_passes(
+def test_a_standby_runs_no_passes_until_the_lease_is_released(
     cluster: LocalCluster, crd: str, namespace: str, release: str, tmp_path: Path
 ) -> None:
-    """kopf pauses its watches for a peer of higher priority; the resync and the workers
-    are the operator's own and must pause with them (a paused replica's cache is stale).
-    A once-active replica outranked by a newer one runs no pass until the newer one goes."""
+    """Every replica watches, but only the Lease holder's resync and workers run passes;
+    the other's run none until the holder goes (a clean stop releases the Lease)."""
     helm(
         "install", release, str(CHART), "-n", namespace,
         "--set", "scope=namespace,operator.resyncSeconds=5,operator.widthRetrySeconds=2",
@@ -412,33 +407,31 @@ def test_an_outranked_replica_stops_its_own_passes(
         cluster, namespace, pod_spec["serviceAccountName"], tmp_path / "sa.kubeconfig"
     )
     container = pod_spec["containers"][0]
-    old = start_replica(container, f"{release}-old", kubeconfig, tmp_path, ("--priority=10",))
+    old = start_replica(container, f"{release}-old", namespace, kubeconfig, tmp_path)
     replicas = [old]
     try:
-        wait_until("the first replica to work", lambda: working(old), timeout=60)
+        wait_until("the first replica to lead", lambda: working(old), timeout=60)
         pool = sample_pool()
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pool))
         finish_width_pod(cluster, namespace, pool, width=128)
         ready_with(cluster, namespace, consumers="1/1")
         assert reconciles(scrape(old)) > 0
 
-        new = start_replica(container, f"{release}-new", kubeconfig, tmp_path, ("--priority=20",))
+        new = start_replica(container, f"{release}-new", namespace, kubeconfig, tmp_path)
         replicas.append(new)
-        wait_until("the newer replica to work", lambda: working(new), timeout=60)
-        wait_until("the old one to stand by", lambda: said(old, "peering: standby"))
-        before = reconciles(scrape(old))
+        wait_until("the new replica's /healthz", functools.partial(healthy, new), timeout=60)
         cluster.kubectl(
             "patch", "encoderpool", "tiny", "-n", namespace, "--type=merge",
             "-p", json.dumps({"spec": {"consumer": {"replicas": 2}}}),
         )  # fmt: skip
         ready_with(cluster, namespace, consumers="2/2")
-        time.sleep(12)  # two resyncs (5 s): the old replica's resync marks nothing
-        assert reconciles(scrape(new)) > 0
-        assert reconciles(scrape(old)) == before, "a standby ran passes from a stale cache"
+        time.sleep(12)  # two resyncs (5 s): the new replica's resync marks nothing
+        assert not working(new)
+        assert reconciles(scrape(new)) == 0, "a standby ran passes"
 
-        new.stop()
-        wait_until("the old replica to resume", lambda: said(old, "peering: active"))
-        wait_until("the old replica to reconcile again", lambda: reconciles(scrape(old)) > before)
+        old.stop()
+        wait_until("the new replica to lead", lambda: working(new), timeout=30)
+        wait_until("the new replica to reconcile", lambda: reconciles(scrape(new)) > 0)
     except BaseException:
         for r in replicas:
             print(f"===== {r.pod_id} =====\n{r.text()[-6000:]}")
