@@ -33,11 +33,13 @@ class OperatorProcess:
     def start(self) -> OperatorProcess:
         """Start it. Unless ``env`` names a Lease (ENCODERPOOL_LEASE_NAME), each start gets
         a Lease of its own, so a restart after a kill leads at once instead of waiting out
-        its previous life's lease; tests of leadership name one Lease for several."""
+        its previous life's lease; tests of leadership name one Lease for several. The
+        Lease is in ``default`` unless ``env`` says otherwise: its renewals (a write every
+        2 s) stay out of the watched namespace, where tests count the operator's writes."""
         scope = ["--namespace", self.namespace] if self.namespace else ["--all-namespaces"]
         env = {
             "ENCODERPOOL_LEASE_NAME": f"encoderpool-operator-{uuid.uuid4().hex[:8]}",
-            "ENCODERPOOL_LEASE_NAMESPACE": self.namespace or "default",
+            "ENCODERPOOL_LEASE_NAMESPACE": "default",
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
             "ENCODERPOOL_KUBECONFIG": str(self.kubeconfig),
