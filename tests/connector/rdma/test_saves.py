@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from e2e.vllm_server import free_port
+from encoderpool_connector.rdma import buffer as buffer_module
 from encoderpool_connector.rdma import scheduler_producer
 from encoderpool_connector.rdma import worker as worker_module
 from encoderpool_connector.rdma import writer as writer_module
@@ -72,7 +73,7 @@ class Gate:
 
             monkeypatch.setattr(RdmaWriter, "_copy_and_header", staticmethod(gated_copy))
         else:  # after the payload is copied and hashed, before the header is written
-            real_header = writer_module.write_header
+            real_header = buffer_module.write_header  # what the writer module imported
 
             def gated_header(view: memoryview, offset: int, header: bytes) -> None:
                 self._hold()
@@ -592,13 +593,14 @@ def test_a_write_outliving_the_wait_is_unannounced_and_its_slot_kept_until_it_en
     assert stats.data["announce_waits_timed_out"] == 1
     assert stats.data["unannounced"] == 1
     slot = producer_of(sched)._slots["b-1"]
-    assert sched.alloc.get(slot.offset) is slot  # kept: the write may still land
+    assert slot is not None
+    assert allocated(sched, slot)  # kept: the write may still land
     sched.build_connector_meta(SimpleNamespace(num_scheduled_tokens={}))
-    assert sched.alloc.get(slot.offset) is slot  # still writing: still kept
+    assert allocated(sched, slot)  # still writing: still kept
     gate.opened.set()
     w.flush()
     sched.build_connector_meta(SimpleNamespace(num_scheduled_tokens={}))
-    assert sched.alloc.get(slot.offset) is slot
+    assert allocated(sched, slot)
     assert not slot.locked  # written: evictable, and a repeat of the item announces it
     again = Req("r2", ["b-1"])
     encode(sched, w, again, cache)  # in vLLM's encoder cache: nothing queued again
@@ -660,3 +662,8 @@ def test_stale_saves_are_dropped_by_the_writer_and_unmarked(
     assert state(region, plan) is None
     assert counters(producer) == {"saves_queued": 1, "saves_dropped": 1}
     assert producer.writer.held.held == 0
+
+
+def allocated(sched: Any, slot: Any) -> bool:
+    """The allocator still holds ``slot`` itself at its offset."""
+    return sched.alloc.get(slot.offset) is slot
