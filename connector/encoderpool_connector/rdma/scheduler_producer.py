@@ -11,8 +11,9 @@ The worker's step only queues the copy (``worker``, ``writer``), so a request ca
 finish while its slot is still being written. The coordinates carry the payload's
 checksum, which exists only once the writer hashed the bytes; announcing earlier
 would need another wire format, and the consumer acts on coordinates at once. So
-``request_finished`` waits, at most ``PUBLISH_WAIT_S`` per request, while a slot
-shows its own generation's WRITING mark (the step set it, so that a write still to
+``request_finished`` waits, at most ``PUBLISH_WAIT_S`` per request (and not at all
+for ``BEHIND_S`` after a wait timed out), while a slot shows its own generation's
+WRITING mark (the step set it, so that a write still to
 come is told apart from one that will never come). Past the bound the item is
 unannounced, as for an unwritten slot (the consumer encodes it itself), but the
 slot is kept, not freed, until its write ended (``_settle``): a freed range could
@@ -62,6 +63,10 @@ logger = logging.getLogger("vllm.ext." + __name__)
 # slots (it copies and hashes a 9 MB item in a few milliseconds): the engine loop is held
 # meanwhile, so a stuck writer costs each request this once, not a hang.
 PUBLISH_WAIT_S = 1.0
+# After a wait timed out the writer is behind (starved, or stuck): for this long nobody
+# waits again (items it has not written are unannounced at once), so a stuck writer
+# holds the engine loop for PUBLISH_WAIT_S once per BEHIND_S, not once per request.
+BEHIND_S = 10.0
 # Polled, not signalled (the writer is in another process): a 16-byte read per poll, and
 # a write found done at most half a millisecond late.
 _POLL_FIRST_S, _POLL_MAX_S = 0.0001, 0.0005
@@ -98,6 +103,7 @@ class RdmaProducerScheduler:
         self.advertise_host = advertise_host
         self.key = channel_key
         self._slots: dict[str, Slot] = {}
+        self._behind_until = 0.0  # a wait timed out: no waiting until then (BEHIND_S)
         self._requests: dict[str, Request] = {}
         self._planned: set[str] = set()
         self._writes: list[WritePlan] = []
@@ -208,7 +214,8 @@ class RdmaProducerScheduler:
 
         self._producer_housekeeping()
         items = collect_ec_item_metadata(request.mm_features, self.resolver)
-        deadline = time.monotonic() + PUBLISH_WAIT_S
+        now = time.monotonic()
+        deadline = now if now < self._behind_until else now + PUBLISH_WAIT_S
         for mm_hash, item in items.items():
             coords = self._coordinates(mm_hash, request.request_id, deadline)
             self.stats.add("announced" if coords is not None else "unannounced")
@@ -233,6 +240,7 @@ class RdmaProducerScheduler:
         slot.requests.discard(rid)
         if self._writing(slot) and not self._await_write(slot, deadline):
             self.stats.add("announce_waits_timed_out")
+            self._behind_until = max(self._behind_until, time.monotonic() + BEHIND_S)
             if not slot.requests:  # nobody else will read it: settled once the write ends
                 self._unsettled[slot.offset] = slot
             return None

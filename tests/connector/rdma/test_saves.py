@@ -609,6 +609,31 @@ def test_a_write_outliving_the_wait_is_unannounced_and_its_slot_kept_until_it_en
     assert coords["checksum"] == "blake3:" + blake3.blake3(raw(cache["b-1"])).hexdigest()
 
 
+def test_after_a_wait_timed_out_the_next_requests_do_not_wait_for_a_writer_behind(
+    side: tuple[RdmaScheduler, RdmaWorker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stuck writer holds the engine loop for one wait per BEHIND_S, not one per request:
+    the requests finishing after a timed-out wait are unannounced without waiting."""
+    monkeypatch.setattr(scheduler_producer, "PUBLISH_WAIT_S", 0.2)
+    sched, w = side
+    gate = Gate(monkeypatch)
+    cache: dict[str, torch.Tensor] = {}
+    first, second = Req("r1", ["b-1"]), Req("r2", ["b-2"])
+    encode(sched, w, first, cache)
+    assert gate.entered.wait(10)
+    encode(sched, w, second, cache)  # queued behind the held write
+    assert rdma_of(sched.request_finished(first), "b-1") is None
+    t0 = time.monotonic()
+    assert rdma_of(sched.request_finished(second), "b-2") is None
+    assert time.monotonic() - t0 < 0.1  # no second 0.2 s wait
+    stats = sched.stats.take()
+    assert stats is not None
+    assert stats.data["announce_waits_timed_out"] == 2
+    assert stats.data["unannounced"] == 2
+    gate.opened.set()
+    w.flush()
+
+
 def test_a_dropped_save_is_unannounced_at_once_and_its_slot_freed(
     shm_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
