@@ -109,7 +109,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         settings.scanning.disabled = True
     kube = connect(_SETTINGS)
     elector = Elector(
-        KubeLeases(kube, _SETTINGS.lease_namespace_or_own(), _SETTINGS.lease_name),
+        KubeLeases(kube.for_lease(), _SETTINGS.lease_namespace_or_own(), _SETTINGS.lease_name),
         identity(),
         Timing(
             _SETTINGS.lease_duration_seconds,

@@ -37,6 +37,7 @@ from encoderpool_operator.kube import Kube, KubeError
 log = logging.getLogger("encoderpool_operator")
 
 LEASE_API = "coordination.k8s.io/v1"
+LEASE_REQUEST_TIMEOUT = (2.0, 4.0)  # (connect, read) seconds: a hung renewal ends in time
 
 
 class NotLeading(RuntimeError):
@@ -242,6 +243,12 @@ class Elector:
 
 class GuardedKube(Kube):
     """A ``Kube`` whose every write, but the Lease's own, needs ``may_write()`` true."""
+
+    def for_lease(self) -> Kube:
+        """A client on the same connection for the election alone: outside the passes'
+        rate limit and request counts (a renewal must not queue behind a burst of
+        writes), with timeouts short beside the renew deadline."""
+        return Kube(self._api, self.field_manager, timeout=LEASE_REQUEST_TIMEOUT)
 
     may_write: Callable[[], bool] = staticmethod(lambda: True)
     holder = ""  # this replica's identity, for the debug log of writes
