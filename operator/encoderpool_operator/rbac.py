@@ -94,8 +94,7 @@ PERMISSIONS: tuple[Permission, ...] = (
         LEASE_GROUP,
         "leases",
         ("create",),
-        "leader election: create the Lease on the first start (RBAC cannot limit create "
-        "by name)",
+        "leader election: create the Lease on the first start (RBAC cannot limit create by name)",
         lease_role=True,
     ),
     # ---- children (reconcile/ through kube.Kube), and what a pass reads with them
