@@ -14,6 +14,7 @@ from e2e.cluster import LocalCluster
 from e2e.cluster.kubelet import run_pods
 from e2e.cluster.runner import OPERATOR_USER
 from e2e.operator_process import OperatorProcess
+from e2e.vllm_server import base_env
 from encoderpool_contracts import ConnectorConfig, WidthReport
 from tests.operator.fixtures import condition, get_json, sample_pool
 from tests.waiting import wait_until
@@ -36,7 +37,13 @@ def test_a_pool_measures_its_model_for_real_and_becomes_ready(
         "app.kubernetes.io/component=width-job",
         tmp_path,
         timeout=400,
-        extra_env={"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"},
+        # Our packages importable as the image has them installed (alone, this test
+        # cannot count on another having put them on the environment's PYTHONPATH).
+        extra_env={
+            "VLLM_TARGET_DEVICE": "cpu",
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": base_env()["PYTHONPATH"],
+        },
     )
     assert run.returncode == 0, run.output[-4000:]
     reported = WidthReport.from_termination_message(run.termination_message)
