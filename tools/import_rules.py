@@ -23,7 +23,7 @@ independently; what crosses between them lives in ``encoderpool_contracts``. So:
   of the pool, so it imports neither the reconciler, the controller, the kopf wiring
   (``handlers``), the cache, the API client (``kube``) nor kopf; the reconciler
   (``reconcile``) never imports the controller or the kopf wiring; and the controller
-  (queue, workers, peering) never imports kopf: ``handlers`` wires kopf to it.
+  (queue, workers, leader election) never imports kopf: ``handlers`` wires kopf to it.
 
 Every ``import`` is read, including those inside functions. Run by tools/checks.sh:
 ``python tools/import_rules.py [root]``; prints each violation and exits 1 if any.
