@@ -48,7 +48,7 @@ from e2e.cluster.runner import bin_dir
 from e2e.kind import monitoring
 from e2e.kind.cluster import ROOT, Engine, Images, KindCluster
 from e2e.kind.load import Answer, Load, ReplicaSampler, Sample, failures
-from e2e.kind.pool import cache_volume, example, for_kind, model_volume, wait_ready
+from e2e.kind.pool import sample_pool, wait_ready
 from e2e.processes import exit_on_sigterm
 from e2e.tiny_model import ensure_tiny_model
 from tests.waiting import wait_until
@@ -83,10 +83,8 @@ def deployment(role: str) -> str:
     return f"{POOL}-{role}"
 
 
-def pool_spec(arm: str, image: str) -> dict[str, Any]:
-    """The shipped shared-volume example as the kind tests run it, autoscaling or fixed."""
-    pool = for_kind(example("pool-shared-volume.yaml"), image)
-    pool["metadata"] = {"name": POOL, "namespace": namespace(arm)}
+def for_arm(arm: str, pool: dict[str, Any]) -> dict[str, Any]:
+    """The sample pool as the kind tests run it (``sample_pool``), autoscaling or fixed."""
     # Two pools and the platform on one 2-core node: CPU requests small enough that every
     # pod of both arms at their maximum is scheduled (they compete for the cores anyway).
     for role in ROLES:
@@ -330,11 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         model = ensure_tiny_model()
         for arm in ARMS:
-            ns = namespace(arm)
-            kind.namespace(ns)
-            model_volume(kind, ns, model)
-            cache_volume(kind, ns)
-            kind.apply(pool_spec(arm, images.vllm))
+            kind.apply(for_arm(arm, sample_pool(kind, namespace(arm), POOL, model, images.vllm)))
         for arm in ARMS:
             print(f"# {arm}: ready in {wait_ready(kind, namespace(arm), POOL):.0f} s", flush=True)
         samplers = {arm: ReplicaSampler(kind, namespace(arm)).start() for arm in ARMS}
