@@ -12,6 +12,7 @@ import ast
 import contextlib
 import json
 import re
+import threading
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -181,3 +182,36 @@ def ep_servers(
     here); every server it started is stopped, by PID, when the module ends."""
     with servers_for(request, tiny_model, tmp_path_factory) as servers:
         yield servers
+
+
+class CopiesInFlight:
+    """Stands in for a writer's ``_to_host`` as on CUDA: each output is staged in a lease
+    of the writer's pool and handed back before its bytes landed, with an event whose
+    ``synchronize`` waits for ``landed`` (the test sets it), then lands the copy and
+    records which thread waited (the writer's, never the step's)."""
+
+    def __init__(self, staging: Any) -> None:
+        self.staging = staging
+        self.landed = threading.Event()
+        self.waited_on: list[str] = []
+
+    def __call__(self, tensor: Any) -> tuple[Any, Any, Any] | None:
+        lease = self.staging.take(tensor.numel() * tensor.element_size(), pinned=False)
+        if lease is None:
+            return None
+        host = lease.view(tensor.dtype, tuple(tensor.shape))
+        host.fill_(0)  # what the bytes hold before the copy
+        return host, _CopyInFlight(self, host, tensor.clone()), lease
+
+
+class _CopyInFlight:
+    def __init__(self, copies: CopiesInFlight, host: Any, src: Any) -> None:
+        self.copies, self.host, self.src = copies, host, src
+
+    def synchronize(self) -> None:
+        self.copies.waited_on.append(threading.current_thread().name)
+        assert self.copies.landed.wait(10)
+        self.host.copy_(self.src)  # the copy lands only now
+
+    def query(self) -> bool:
+        return self.copies.landed.is_set()

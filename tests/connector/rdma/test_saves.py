@@ -46,6 +46,7 @@ from encoderpool_connector.rdma.scheduler import RdmaScheduler
 from encoderpool_connector.rdma.worker import RdmaWorker
 from encoderpool_connector.rdma.writer import RdmaWriter
 from encoderpool_contracts import ConnectorConfig
+from tests.connector.fixtures import CopiesInFlight
 
 FP = "0123456789abcdef"
 TOKENS, WIDTH = 16, 128
@@ -287,37 +288,15 @@ def test_the_writer_not_the_step_waits_for_the_device_copy(
     """As on CUDA: the copy is still in flight when the step returns (its event not done);
     the writer thread waits for it, then writes the bytes it landed."""
     assert producer.writer is not None
-    writer = producer.writer
-    landed = threading.Event()
-    waited_on: list[str] = []
-
-    class CopyInFlight:
-        def __init__(self, host: torch.Tensor, src: torch.Tensor) -> None:
-            self.host, self.src = host, src
-
-        def synchronize(self) -> None:
-            waited_on.append(threading.current_thread().name)
-            assert landed.wait(10)
-            self.host.copy_(self.src)  # the copy lands only now
-
-        def query(self) -> bool:
-            return landed.is_set()
-
-    def copy_later(tensor: torch.Tensor) -> tuple[torch.Tensor, Any, Any] | None:
-        lease = writer.staging.take(tensor.numel() * tensor.element_size(), pinned=False)
-        assert lease is not None
-        host = lease.view(tensor.dtype, tuple(tensor.shape))
-        host.fill_(0)
-        return host, CopyInFlight(host, tensor.clone()), lease
-
-    monkeypatch.setattr(writer, "_to_host", copy_later)
+    copies = CopiesInFlight(producer.writer.staging)
+    monkeypatch.setattr(producer.writer, "_to_host", copies)
     (plan,) = plans(1)
     out = item(5)
     step(producer, region, [plan], {plan.mm_hash: out})
     assert state(region, plan) == (STATE_WRITING, plan.generation)
-    landed.set()
+    copies.landed.set()
     producer.flush()
-    assert waited_on == ["ep-rdma-writer"]
+    assert copies.waited_on == ["ep-rdma-writer"]
     assert_whole(region, plan, out)
 
 

@@ -27,6 +27,7 @@ from encoderpool_connector.shared_volume.entry import Header, entry_name, read_p
 from encoderpool_connector.shared_volume.store import PublishResult, SharedStore
 from encoderpool_connector.shared_volume.worker import BackgroundWriter, writer_stats
 from encoderpool_contracts import Announcement, ConnectorConfig
+from tests.connector.fixtures import CopiesInFlight
 from tests.connector.shared_volume.fixtures import FP
 
 KiB = 1 << 10
@@ -287,37 +288,15 @@ def test_the_writer_waits_for_the_copy_s_event_and_only_then_writes_and_frees(
     """As on CUDA: ``_to_host`` returns before the bytes landed, with an event; the writer
     thread (never the step) waits for it, writes, and gives the lease back after."""
     writer = writer_for(store, 8 * KiB)
-    landed = threading.Event()
-    waited_on: list[str] = []
-
-    class CopyInFlight:
-        def __init__(self, host: torch.Tensor, src: torch.Tensor) -> None:
-            self.host, self.src = host, src
-
-        def synchronize(self) -> None:
-            waited_on.append(threading.current_thread().name)
-            assert landed.wait(10)
-            self.host.copy_(self.src)  # the copy lands only now
-
-        def query(self) -> bool:
-            return landed.is_set()
-
-    def staged_later(tensor: torch.Tensor) -> tuple[torch.Tensor, Any, Any] | None:
-        lease = writer.staging.take(tensor.numel() * tensor.element_size(), pinned=False)
-        if lease is None:
-            return None
-        host = lease.view(tensor.dtype, tuple(tensor.shape))
-        host.fill_(0)  # what the bytes hold before the copy
-        return host, CopyInFlight(host, tensor.clone()), lease
-
-    monkeypatch.setattr(writer, "_to_host", staged_later)
+    copies = CopiesInFlight(writer.staging)
+    monkeypatch.setattr(writer, "_to_host", copies)
     try:
         out = item(3)
         assert writer.submit("h", out)  # returns with the copy still in flight
         assert not writer.submit("other", item(4))  # its bytes are still lent
-        landed.set()
+        copies.landed.set()
         writer.flush()
-        assert waited_on == ["ep-writer"]
+        assert copies.waited_on == ["ep-writer"]
         assert published(store, "h") == raw(out)
         assert writer.staging.free_bytes == 8 * KiB
     finally:
