@@ -137,14 +137,9 @@ if [ $gpu = 1 ]; then
   gpu_vllm=$(sed -n -E 's/^vllm==([^ ]+) .*/\1/p' "$gpu_lock")
   gpu_base=encoderpool.local/vllm-gpu-base:$gpu_vllm-$( { echo "$py_base"; cat "$gpu_lock"; } | hash)
   if ! have "$gpu_base"; then
-    wheels=$cache/wheels/vllm-gpu-$(hash < "$gpu_lock")
-    if [ ! -f "$wheels/.complete" ]; then
-      log "wheelhouse vllm-gpu (pip download: about 4 GB)"
-      rm -rf "$wheels"; mkdir -p "$wheels"
-      "$venv/bin/python" -m pip download --disable-pip-version-check -q --no-deps \
-        --require-hashes --only-binary=:all: -r "$gpu_lock" -d "$wheels" >&2
-      touch "$wheels/.complete"
-    fi
+    # About 4 GB; every pin a wheel (--only-binary), so pip wheel only downloads.
+    wheels=$(wheelhouse vllm-gpu "$(hash < "$gpu_lock")" --no-deps --require-hashes \
+      --only-binary=:all: -r "$gpu_lock")
     t0=$(date +%s)
     cid=$(docker create --network none -v "$wheels:/wheels:ro" -v "$gpu_lock:/tmp/lock.txt:ro" \
       "$py_base" sh -c 'python3 -m venv /opt/vllm && /opt/vllm/bin/pip install -q \
